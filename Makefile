@@ -1,0 +1,62 @@
+# Training-to-deployment pipeline. Main job: `make train export deploy`. Tests: `make test`.
+# CONFIG=configs/xxx.yaml picks the task; O="key=value key2=value2" overrides config keys;
+# FORCE=1 re-runs stages that are up to date; DEVICE=gpu installs the GPU build of Paddle.
+SHELL := /bin/bash
+CONFIG ?= configs/chars.yaml
+O ?=
+DEVICE ?= cpu
+NPROC ?= 1
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(DEVICE)
+PADDLE_cpu := paddlepaddle==2.6.2
+PADDLE_gpu := paddlepaddle-gpu==2.6.2
+ARGS = -c $(CONFIG) $(foreach o,$(O),-o $(o))
+export FORCE
+
+.PHONY: setup train export deploy server lite bundle all test test-fast bench bench-train amp-bench \
+        bench-deploy nightly accept history verify serve summary clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt scripts/find_python.sh
+	@set -e; py="$$(scripts/find_python.sh)"; \
+	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then \
+	  echo "creating $(VENV) with $$py"; rm -rf $(VENV); "$$py" -m venv $(VENV); fi
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(PADDLE_$(DEVICE)) -r requirements.txt
+	@rm -f $(VENV)/.installed-*
+	@$(PY) -c "import zlib, paddle, paddlelite.lite, paddleslim; print('setup ok: paddle', paddle.__version__)" 2>&1 | tail -n1
+	@touch $@
+
+train: $(STAMP)
+ifeq ($(NPROC),1)
+	$(PY) -m pipeline run train $(ARGS)
+else
+	$(PY) -m pipeline launch --nproc $(NPROC) $(ARGS)
+endif
+
+export: $(STAMP)
+	$(PY) -m pipeline run export $(ARGS)
+
+deploy: $(STAMP)
+	$(PY) -m pipeline run server lite bundle $(ARGS)
+
+server lite bundle: $(STAMP)
+	$(PY) -m pipeline run $@ $(ARGS)
+
+all: $(STAMP)
+	$(PY) -m pipeline run all $(ARGS)
+
+summary: $(STAMP)
+	$(PY) -m pipeline summary $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests -m "not slow"
+
+clean:
+	rm -rf runs bundles .cache .pytest_cache log
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

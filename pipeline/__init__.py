@@ -1,0 +1,11 @@
+"""Training-to-deployment pipeline for PaddlePaddle models.
+
+Import-order guards live here because every entry point (CLI, tests, Lite child processes)
+imports this package before anything touches paddle.
+"""
+import zlib  # noqa: F401  -- must precede paddle: libpaddle exports its own zlib symbols (segfault otherwise)
+
+from .env import apply_cpu_tuning as _apply_cpu_tuning
+
+__version__ = "0.1.0"
+_apply_cpu_tuning()

@@ -1,0 +1,80 @@
+"""AMP planning: what the user asked for, what this device can really do, and the scaler to match.
+
+On CPU, paddle.amp.auto_cast and GradScaler only warn and do nothing, so we decide up front
+and record requested vs effective precision honestly (never claim fp16 where fp32 ran).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass
+class AmpPlan:
+    requested: str              # e.g. "float16/O1" or "float32"
+    effective: str              # what really runs: "float16/O1", "bfloat16/O2" or "float32"
+    enabled: bool
+    level: str
+    dtype: str
+    reason: str = ""
+
+    def as_record(self) -> dict:
+        return {"requested": self.requested, "effective": self.effective, "reason": self.reason}
+
+
+def plan(amp_cfg, device: str, caps: dict) -> AmpPlan:
+    requested = f"{amp_cfg.dtype}/{amp_cfg.level}" if amp_cfg.enable else "float32"
+    if not amp_cfg.enable:
+        return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, "AMP disabled in config")
+    if device != "gpu":
+        why = f"AMP {requested} requested but the device is CPU (no low-precision kernels): training in float32"
+    elif amp_cfg.dtype == "float16" and not caps.get("fp16"):
+        why = (f"AMP float16 needs CUDA compute capability >= 7.0 (this GPU: {caps.get('compute_capability')}): "
+               "training in float32; try amp.dtype=bfloat16 on Ampere+")
+    elif amp_cfg.dtype == "bfloat16" and not caps.get("bf16"):
+        why = "AMP bfloat16 is not supported on this GPU: training in float32"
+    else:
+        return AmpPlan(requested, requested, True, amp_cfg.level, amp_cfg.dtype)
+    log.warning("[train] %s", why)
+    return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, why)
+
+
+def make_scaler(amp_cfg, amp_plan: AmpPlan):
+    """GradScaler with every knob from config; None when AMP does not run (or bf16: no scaling needed)."""
+    import paddle
+
+    if not amp_plan.enabled or amp_plan.dtype == "bfloat16":
+        return None
+    return paddle.amp.GradScaler(
+        enable=True,
+        init_loss_scaling=amp_cfg.init_loss_scaling,
+        incr_ratio=amp_cfg.incr_ratio,
+        decr_ratio=amp_cfg.decr_ratio,
+        incr_every_n_steps=amp_cfg.incr_every_n_steps,
+        decr_every_n_nan_or_inf=amp_cfg.decr_every_n_nan_or_inf,
+        use_dynamic_loss_scaling=amp_cfg.use_dynamic_loss_scaling,
+    )
+
+
+def autocast(amp_cfg, amp_plan: AmpPlan):
+    import paddle
+
+    return paddle.amp.auto_cast(
+        enable=amp_plan.enabled,
+        custom_white_list=set(amp_cfg.custom_white_list) or None,
+        custom_black_list=set(amp_cfg.custom_black_list) or None,
+        level=amp_plan.level,
+        dtype=amp_plan.dtype,
+    )
+
+
+def fp32_state_dict(model) -> dict:
+    """Export always gets float32 parameters (O2 keeps fp16 copies in the model)."""
+    import paddle
+
+    out = {}
+    for k, v in model.state_dict().items():
+        out[k] = v.astype("float32") if v.dtype in (paddle.float16, paddle.bfloat16) else v
+    return out

@@ -1,0 +1,86 @@
+"""`python -m pipeline ...` — the only place that turns errors into exit codes and one-line messages."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from . import env
+from .errors import PipelineError
+
+ALIASES = {"deploy": ["server", "lite", "bundle"], "all": ["train", "export", "server", "lite", "bundle"]}
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", action="append", default=[], help="config file(s), merged over configs/defaults.yaml")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. -o train.epochs=3 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run stages: train export server lite bundle (or 'deploy', 'all')")
+    run.add_argument("stages", nargs="+")
+    run.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
+                     help="re-run stages even when up to date (env FORCE=1)")
+    _config_args(run)
+    show = sub.add_parser("summary", help="print the summary table of a run")
+    _config_args(show)
+    return parser
+
+
+def _load(args):
+    from .config import load_config
+    cfg = load_config(args.config, args.override)
+    if cfg.run.threads:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(cfg.run.threads)
+    return cfg
+
+
+def _run(args) -> int:
+    from .runner import Runner, registry
+    from .summary import print_summary
+
+    cfg = _load(args)
+    env.import_paddle_quietly()
+    names = [n for s in args.stages for n in ALIASES.get(s, [s])]
+    runner = Runner(cfg, force=args.force)
+    outcomes = runner.run(names)
+    print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
+    errors = [o for o in outcomes if o.error is not None]
+    for o in errors:
+        print(f"error: {o.error.one_line()}", file=sys.stderr)
+    return errors[0].error.exit_code if errors else 0
+
+
+def setup_logging() -> None:
+    # our own handler: paddle reconfigures the root logger on import
+    log = logging.getLogger("pipeline")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "summary":
+            from .runner import registry
+            from .summary import print_summary
+            print_summary(_load(args).run_dir, list(registry()), {})
+            return 0
+    except PipelineError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: finished stage outputs are intact; re-run to resume", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,278 @@
+"""One validated config tree: configs/defaults.yaml ← config file ← `-o key=value` overrides.
+
+Every key lives in defaults.yaml (with a comment); the schema below only types and bounds them,
+so an unknown or misspelled key is an error with a "did you mean" suggestion.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULTS = ROOT / "configs" / "defaults.yaml"
+
+PosInt = Field(gt=0)
+NonNegFloat = Field(ge=0)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunCfg(Section):
+    root: str
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    quiet: bool
+    threads: int = Field(ge=0)
+
+
+class DataCfg(Section):
+    source: Literal["synthetic", "folder"]
+    path: Optional[str]
+    val_path: Optional[str]
+    val_fraction: float = Field(gt=0, lt=1)
+    charset: Optional[str]
+    num_train: int = PosInt
+    num_val: int = PosInt
+    height: int = Field(ge=8, le=1024)
+    width: int = Field(ge=8, le=4096)
+    max_len: int = PosInt
+    fonts: list[str]
+    on_bad_sample: Literal["error", "skip"]
+    cache_dir: str
+
+
+class ModelCfg(Section):
+    name: str
+    args: dict[str, Any]
+
+
+class PrecheckCfg(Section):
+    enable: bool
+    atol: float = Field(gt=0)
+    on_fail: Literal["fallback", "fail"]
+
+
+class AmpCfg(Section):
+    enable: bool
+    level: Literal["O1", "O2"]
+    dtype: Literal["float16", "bfloat16"]
+    custom_white_list: list[str]
+    custom_black_list: list[str]
+    init_loss_scaling: float = Field(gt=0)
+    incr_ratio: float = Field(gt=1)
+    decr_ratio: float = Field(gt=0, lt=1)
+    incr_every_n_steps: int = PosInt
+    decr_every_n_nan_or_inf: int = PosInt
+    use_dynamic_loss_scaling: bool
+    precheck: PrecheckCfg
+
+
+class TrainCfg(Section):
+    device: Literal["auto", "cpu", "gpu"]
+    epochs: int = PosInt
+    batch_size: int = PosInt
+    lr: float = Field(gt=0)
+    optimizer: Literal["adam", "momentum"]
+    weight_decay: float = NonNegFloat
+    scheduler: Literal["cosine", "constant"]
+    warmup_epochs: int = Field(ge=0)
+    amp: AmpCfg
+    max_nonfinite_steps: int = PosInt
+    min_metric: float = Field(ge=0, le=1)
+    val_slice: int = PosInt
+    resume: bool
+    visualdl: bool
+
+
+class Tolerance(Section):
+    atol: Optional[float] = Field(default=None, gt=0)        # None: outputs not compared elementwise
+    metric_delta: float = NonNegFloat                        # allowed drop of the primary metric
+
+
+class ExportCfg(Section):
+    gate: Tolerance
+
+
+class QuantCfg(Section):
+    algo: Literal["hist", "avg", "mse", "abs_max", "KL"]
+    batch_size: int = PosInt
+    batch_nums: int = PosInt
+    onnx_format: bool
+    skip: list[str]
+    sensitivity_on_fail: bool
+
+
+class PerfCfg(Section):
+    warmup: int = Field(ge=0)
+    repeats: int = PosInt
+    batch_size: int = PosInt
+
+
+class HttpCfg(Section):
+    enable: bool
+    max_requests: int = PosInt
+
+
+class ServerCfg(Section):
+    precisions: list[Literal["fp32", "fp16", "bf16", "int8"]]
+    device: Literal["auto", "cpu", "gpu"]
+    threads: int = Field(ge=0)
+    mkldnn: bool
+    ir_optim: bool
+    tensorrt: bool
+    gates: dict[Literal["fp32", "fp16", "bf16", "int8"], Tolerance]
+    quant: QuantCfg
+    perf: PerfCfg
+    http: HttpCfg
+
+    @model_validator(mode="after")
+    def _every_precision_has_a_gate(self):
+        missing = [p for p in self.precisions if p not in self.gates]
+        if missing:
+            raise ValueError(f"server.gates has no tolerance for {missing}")
+        if "fp32" not in self.precisions:
+            raise ValueError("server.precisions must include fp32 (the reference every other row is gated against)")
+        return self
+
+
+class LiteCfg(Section):
+    arm: list[Literal["fp32", "fp16", "int8", "int8_weight", "int16_weight"]]
+    verify_x86: bool
+    gate: Tolerance
+    timeout: int = PosInt
+
+
+class BundleCfg(Section):
+    root: str
+    version: Optional[str]
+    archive: bool
+    samples: int = PosInt
+
+
+class RegressionCfg(Section):
+    baseline: Optional[str]
+    history: str
+    metric_drop: float = NonNegFloat
+    size_growth: float = NonNegFloat
+    latency_growth: float = NonNegFloat
+
+
+class Config(Section):
+    task: Literal["classification", "recognition"]
+    seed: int = Field(ge=0)
+    run: RunCfg
+    data: DataCfg
+    model: ModelCfg
+    train: TrainCfg
+    export: ExportCfg
+    server: ServerCfg
+    lite: LiteCfg
+    bundle: BundleCfg
+    regression: RegressionCfg
+
+    @property
+    def run_dir(self) -> Path:
+        return (ROOT / self.run.root / self.run.name) if not Path(self.run.root).is_absolute() \
+            else Path(self.run.root) / self.run.name
+
+    def section(self, *keys: str) -> dict:
+        return {k: _plain(getattr(self, k)) for k in keys}
+
+    def hash_of(self, *keys: str) -> str:
+        blob = json.dumps(self.section(*keys), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+def _plain(value):
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+# ---------------------------------------------------------------- loading
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}", hint="pass an existing file with CONFIG=... or -c")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"config file is not valid YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict, extra: dict, origin: str, prefix: str = "") -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        dotted = f"{prefix}{key}"
+        if key not in base:
+            close = difflib.get_close_matches(str(key), [str(k) for k in base], n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else \
+                f"valid keys here: {', '.join(sorted(map(str, base)))}"
+            if not (isinstance(base, dict) and _is_free_mapping(prefix)):
+                raise ConfigError(f"unknown config key '{dotted}' in {origin}", hint=hint)
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_mapping(dotted + "."):
+            out[key] = _merge(base[key], value, origin, dotted + ".")
+        else:
+            out[key] = value
+    return out
+
+
+def _is_free_mapping(prefix: str) -> bool:
+    """Mappings whose keys are user-defined (model constructor args)."""
+    return prefix in ("model.args.",)
+
+
+def parse_override(item: str) -> dict:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not key=value", hint="e.g. -o train.epochs=3")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    node: dict = {}
+    cur = node
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cur[part] = {}
+        cur = cur[part]
+    cur[parts[-1]] = value
+    return node
+
+
+def load_config(paths: list[str | Path] | None = None, overrides: list[str] | None = None) -> Config:
+    tree = _read_yaml(DEFAULTS)
+    for path in paths or []:
+        tree = _merge(tree, _read_yaml(Path(path)), str(path))
+    for item in overrides or []:
+        tree = _merge(tree, parse_override(item), f"-o {item}")
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        got = err.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        more = f" [+{len(exc.errors()) - 1} more]" if len(exc.errors()) > 1 else ""
+        raise ConfigError(f"config key '{where}': {err['msg']}{got_s}{more}",
+                          hint="see configs/defaults.yaml for the allowed values") from None
+
+
+def save_resolved(cfg: Config, path: Path) -> None:
+    from .artifacts import atomic_write_text
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

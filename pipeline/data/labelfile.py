@@ -1,0 +1,130 @@
+"""Users' text-line data in PaddleOCR's recognition label format.
+
+label file (UTF-8), one sample per line:
+    crops/img_001.png<TAB>INV-2024-00871
+    /abs/path/img_002.jpg<TAB>12/03/2024
+Relative image paths are resolved against the label file's folder (not the working
+directory), so a data folder can be moved as a whole.
+
+charset file: one character per line (PaddleOCR's `character_dict_path`).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .imagefolder import check_on_bad, read_image
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        # utf-8-sig: a BOM written by Windows editors must not become part of the first path
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise DataError(f"{what} {path} is a folder, expected a text file") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                        hint="re-save it as UTF-8") from None
+    except OSError as exc:
+        raise DataError(f"{what} {path} cannot be read: {exc}") from None
+
+
+def load_charset(path: str | os.PathLike) -> str:
+    """One character per line → the charset string (order = class order, blank excluded).
+
+    Only the line break is stripped, so a line holding a single space means the space
+    character, as in PaddleOCR's dictionaries.
+    """
+    p = Path(path)
+    chars: list[str] = []
+    first_line: dict[str, int] = {}
+    lines = _read_text(p, "charset file").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()    # the final newline ends the last line, it does not start an empty one
+    for lineno, raw in enumerate(lines, 1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if line == "":
+            raise DataError(f"{p}:{lineno}: empty line in charset file",
+                            hint="one character per line; remove blank lines")
+        if len(line) != 1:
+            raise DataError(f"{p}:{lineno}: {line!r} is {len(line)} characters, expected exactly one",
+                            hint="one character per line, PaddleOCR style")
+        if line in first_line:
+            raise DataError(f"{p}:{lineno}: duplicate character {line!r} (first on line {first_line[line]})",
+                            hint="each character may appear once; remove the duplicate")
+        first_line[line] = lineno
+        chars.append(line)
+    if not chars:
+        raise DataError(f"charset file {p} is empty", hint="write one character per line")
+    return "".join(chars)
+
+
+def _check_line(line: str, charset: str, max_len: int | None) -> tuple[str, str]:
+    """Return (image path, label) or raise ValueError with the reason and how to fix it."""
+    if "\t" not in line:
+        raise ValueError("no TAB between image path and label "
+                         "(expected 'path<TAB>label'; spaces are not a separator)")
+    rel, label = line.split("\t", 1)
+    if not rel.strip():
+        raise ValueError("empty image path before the TAB")
+    if label == "":
+        raise ValueError("empty label after the TAB (every image needs its text)")
+    unknown = sorted({c for c in label if c not in charset})
+    if unknown:
+        raise ValueError(f"label {label!r} has characters not in the charset: {unknown} "
+                         "(add them to data.charset or fix the label)")
+    if max_len is not None and len(label) > max_len:
+        raise ValueError(f"label {label!r} has {len(label)} characters, more than "
+                         f"data.max_len={max_len} (raise max_len and the width, or shorten it)")
+    return rel, label
+
+
+def load_label_file(path: str | os.PathLike, charset: str, height: int, width: int,
+                    on_bad: str = "error",
+                    max_len: int | None = None) -> tuple[np.ndarray, list[str], int]:
+    """Read a PaddleOCR rec label file → (uint8 [N, H, W], labels, skipped).
+
+    Each bad line (missing TAB, empty label, unknown characters, too long, missing or
+    unreadable image) raises DataError naming `file:line`, or with on_bad="skip" is
+    dropped and counted. Blank lines are ignored and not counted.
+    """
+    check_on_bad(on_bad)
+    p = Path(path)
+    base = p.parent
+    spec = {"height": height, "width": width, "resize": "pad_right"}
+    images: list[np.ndarray] = []
+    labels: list[str] = []
+    skipped = 0
+    for lineno, raw in enumerate(_read_text(p, "label file").split("\n"), 1):
+        line = raw.rstrip("\r")
+        if not line.strip():
+            continue
+        try:
+            rel, label = _check_line(line, charset, max_len)
+            img_path = Path(rel)
+            img_path = img_path if img_path.is_absolute() else base / img_path
+            if not img_path.is_file():
+                raise ValueError(f"image {img_path} does not exist "
+                                 f"(relative paths are resolved against {base})")
+            try:
+                image = read_image(img_path, spec)
+            except DataError as exc:
+                raise ValueError(exc.message) from None
+        except ValueError as exc:
+            if on_bad == "error":
+                raise DataError(f"{p}:{lineno}: {exc}",
+                                hint="fix the line, or set data.on_bad_sample: skip to drop bad lines") from None
+            skipped += 1
+            continue
+        images.append(image)
+        labels.append(label)
+    if not images:
+        raise DataError(f"label file {p} has no usable samples"
+                        + (f" ({skipped} bad lines skipped)" if skipped else ""),
+                        hint="each line is 'image_path<TAB>label'")
+    return np.stack(images).astype(np.uint8), labels, skipped

@@ -1,0 +1,197 @@
+"""Subprocess entry point for Paddle Lite: `python -m pipeline.engines.lite_child SUBCOMMAND ...`.
+
+Paddle Lite aborts the whole process on bad input (LOG(FATAL) -> SIGABRT, null deref -> SIGSEGV),
+so every opt/predictor call lives here and the parent (pipeline.engines.lite) turns the exit
+status into an EngineCrash. On success the last stdout line starting with RESULT_PREFIX holds a
+JSON object; Lite itself also prints progress lines to stdout, hence the prefix.
+On a handled failure: message on stderr, exit code 2.
+"""
+from __future__ import annotations
+
+import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "LITE_CHILD_RESULT "
+TARGETS = ("arm", "x86")
+QUANT_TYPES = ("QUANT_INT8", "QUANT_INT16")
+
+
+class ChildError(Exception):
+    """A failure detected before/after a Lite call (Lite's own failures kill the process)."""
+
+
+def _emit(result: dict[str, Any]) -> None:
+    sys.stdout.flush()
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def cmd_opt(a: argparse.Namespace) -> dict[str, Any]:
+    import paddlelite.lite as lite
+
+    for f in (a.model_file, a.params_file):
+        if not Path(f).is_file():
+            raise ChildError(f"missing input file: {f}")  # Lite would abort on this
+    opt = lite.Opt()
+    opt.set_model_file(a.model_file)
+    opt.set_param_file(a.params_file)
+    opt.set_model_type("naive_buffer")
+    opt.set_optimize_out(a.out_prefix)
+    if a.fp16:
+        # Must precede set_valid_places: called after it, the .nb is unchanged (measured).
+        opt.enable_fp16()
+    opt.set_valid_places(a.target)
+    if a.quant_type:
+        opt.set_quant_model(True)
+        opt.set_quant_type(a.quant_type)
+    opt.run()
+    nb = Path(a.out_prefix + ".nb")
+    if not nb.is_file() or nb.stat().st_size == 0:
+        raise ChildError(f"opt returned but wrote no model at {nb}")
+    return {"path": str(nb), "size_bytes": nb.stat().st_size}
+
+
+def cmd_run(a: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    import paddlelite.lite as lite
+
+    nb = Path(a.nb_path)
+    if not nb.is_file() or nb.stat().st_size == 0:
+        raise ChildError(f"missing or empty model: {nb}")
+    x = np.load(a.input_npy, allow_pickle=False)
+    config = lite.MobileConfig()
+    config.set_model_from_file(str(nb))
+    predictor = lite.create_paddle_predictor(config)
+    predictor.get_input(0).from_numpy(np.ascontiguousarray(x))
+    predictor.run()
+    out = np.array(predictor.get_output(0).numpy(), copy=True)
+    np.save(a.output_npy, out, allow_pickle=False)
+    return {"shape": list(out.shape), "dtype": str(out.dtype),
+            "n_outputs": len(predictor.get_output_names())}
+
+
+def _capture_fd1(fn: Any) -> str:
+    # print_supported_ops writes with C++ std::cout straight to fd 1: redirect the fd itself.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            fn()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        return tmp.read().decode("utf-8", "replace")
+
+
+def parse_supported_ops_table(text: str) -> dict[str, list[str]]:
+    """Parse opt's 'Supported OPs on ...' table: {op: [targets with a 'Y']}.
+
+    Cells are right-aligned under the header names, so a 'Y' belongs to the header column
+    whose right edge it shares.
+    """
+    lines = text.splitlines()
+    head_i = next((i for i, ln in enumerate(lines) if ln.strip().startswith("OP_name")), None)
+    if head_i is None:
+        raise ChildError("no 'OP_name' header in opt's supported-ops output")
+    header = lines[head_i]
+    cols = [(m.group(), m.end()) for m in re.finditer(r"\S+", header)][1:]
+    ops: dict[str, list[str]] = {}
+    for ln in lines[head_i + 1:]:
+        m = re.match(r"\s*(\S+)", ln)
+        if not m:
+            continue
+        where = [name for name, end in cols if end - 1 < len(ln) and ln[end - 1] == "Y"]
+        ops[m.group(1)] = where
+    return ops
+
+
+def cmd_supported_ops(a: argparse.Namespace) -> dict[str, Any]:
+    import paddlelite.lite as lite
+
+    opt = lite.Opt()
+    opt.set_valid_places(a.target)
+    text = _capture_fd1(opt.print_supported_ops)
+    table = parse_supported_ops_table(text)
+    if not table:
+        raise ChildError("opt printed an empty supported-ops table")
+    return {"target": a.target, "source": "paddlelite.lite.Opt.print_supported_ops",
+            "version": opt.version(), "ops": table}
+
+
+def cmd_make_probe(a: argparse.Namespace) -> dict[str, Any]:
+    """Save a tiny conv+linear model (for fp16_status); uses paddle, not Lite."""
+    import paddle
+
+    paddle.disable_static()
+    paddle.seed(0)
+
+    class Probe(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(1, 4, 3, padding=1)
+            self.fc = paddle.nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x: Any) -> Any:
+            x = paddle.nn.functional.relu(self.conv(x))
+            return self.fc(paddle.flatten(x, 1))
+
+    prefix = str(Path(a.out_dir) / "probe")
+    layer = Probe()
+    layer.eval()
+    # clip_extra=False keeps flatten's XShape, so opt does not need program_repair here.
+    paddle.jit.save(layer, prefix, clip_extra=False,
+                    input_spec=[paddle.static.InputSpec([None, 1, 8, 8], "float32", "x")])
+    return {"model_file": prefix + ".pdmodel", "params_file": prefix + ".pdiparams"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.engines.lite_child")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("opt", help="convert a .pdmodel/.pdiparams pair to a naive-buffer .nb")
+    o.add_argument("model_file")
+    o.add_argument("params_file")
+    o.add_argument("target", choices=TARGETS)
+    o.add_argument("out_prefix", help="writes OUT_PREFIX.nb")
+    o.add_argument("--fp16", action="store_true")
+    o.add_argument("--quant-type", choices=QUANT_TYPES, help="weight-only quantization")
+    o.set_defaults(fn=cmd_opt)
+    r = sub.add_parser("run", help="run a .nb on one input .npy, save output 0 as .npy")
+    r.add_argument("nb_path")
+    r.add_argument("input_npy")
+    r.add_argument("output_npy")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("supported-ops", help="ops the installed opt supports for a target")
+    s.add_argument("target", choices=TARGETS)
+    s.set_defaults(fn=cmd_supported_ops)
+    m = sub.add_parser("make-probe", help="save a tiny paddle model for the fp16 probe")
+    m.add_argument("out_dir")
+    m.set_defaults(fn=cmd_make_probe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.fn(args)
+    except ChildError as exc:
+        print(f"lite_child {args.cmd}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:  # Python-level failures from the Lite bindings
+        print(f"lite_child {args.cmd}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    _emit({"ok": True, "cmd": args.cmd, **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

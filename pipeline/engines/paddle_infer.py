@@ -1,0 +1,296 @@
+"""Paddle Inference engine (CPU fp32/int8, emulated fp16, guarded GPU fp16) and program helpers."""
+from __future__ import annotations
+
+import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
+import os
+from pathlib import Path
+
+import numpy as np
+import paddle
+from paddle import inference as pinf
+from paddle.base.proto import framework_pb2
+
+from pipeline.errors import ConfigError, DataError, MissingArtifact, PipelineError
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# Outputs that are bookkeeping, not activations: emulating fp16 on them would corrupt state or shapes.
+_SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceOut", "ReserveSpace", "Mask"}
+_FP16_EMU_SUFFIX = ".fp16emu"
+
+
+def _files(model_prefix: str | os.PathLike) -> tuple[str, str]:
+    prefix = str(model_prefix)
+    model, params = prefix + ".pdmodel", prefix + ".pdiparams"
+    for f in (model, params):
+        if not os.path.isfile(f):
+            raise MissingArtifact(f"inference model file not found: {f}",
+                                  hint="pass the path prefix without .pdmodel/.pdiparams")
+    return model, params
+
+
+def _program_desc(model_prefix: str | os.PathLike) -> framework_pb2.ProgramDesc:
+    desc = framework_pb2.ProgramDesc()
+    try:
+        desc.ParseFromString(Path(_files(model_prefix)[0]).read_bytes())
+    except Exception as e:  # protobuf DecodeError and friends
+        raise PipelineError(f"cannot parse {model_prefix}.pdmodel: {e}",
+                            hint="is it a Paddle 2.x ProgramDesc (not PIR .json)?") from e
+    return desc
+
+
+def program_ops(model_prefix: str | os.PathLike) -> list[str]:
+    """Op types of the main block, in program order (feed/fetch included)."""
+    return [op.type for op in _program_desc(model_prefix).blocks[0].ops]
+
+
+def program_input_shape(model_prefix: str | os.PathLike) -> list[int]:
+    """Declared shape of the (single) feed variable; -1 marks dynamic dims."""
+    block = _program_desc(model_prefix).blocks[0]
+    feed = _feed_name(block, model_prefix)
+    for v in block.vars:
+        if v.name == feed:
+            return [int(d) for d in v.type.lod_tensor.tensor.dims]
+    raise PipelineError(f"feed variable {feed!r} not declared in {model_prefix}.pdmodel")
+
+
+def _feed_name(block: framework_pb2.BlockDesc, model_prefix: str | os.PathLike) -> str:
+    feeds = [a for op in block.ops if op.type == "feed" for o in op.outputs for a in o.arguments]
+    if not feeds:
+        raise PipelineError(f"{model_prefix}.pdmodel has no feed op", hint="re-export with paddle.jit.save")
+    return feeds[0]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_status() -> tuple[bool, str]:
+    """(True, why) only when the CPU has native BF16 *and* Paddle agrees; oneDNN otherwise silently runs FP32."""
+    flags = _cpu_flags()
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if not native:
+        return False, "CPU lacks avx512_bf16/amx_bf16; oneDNN would silently run FP32"
+    if not paddle.base.core.is_compiled_with_mkldnn():
+        return False, "this Paddle build has no oneDNN (MKLDNN); bf16 kernels unavailable"
+    if not paddle.base.core.supports_bfloat16():
+        return False, f"CPU has {'/'.join(native)} but Paddle reports bf16 unsupported"
+    return True, f"CPU has {'/'.join(native)} and Paddle supports bf16"
+
+
+def _gpu_available() -> bool:
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def _require_gpu(what: str) -> None:
+    if not _gpu_available():
+        raise PipelineError(f"{what} needs a CUDA build of Paddle and a visible GPU "
+                            f"(compiled_with_cuda={paddle.device.is_compiled_with_cuda()})",
+                            hint="install paddlepaddle-gpu on a GPU machine; on CPU use make_fp16_emulated()")
+
+
+def _has_quant_ops(ops: list[str]) -> bool:
+    return any("quantize" in t for t in ops)
+
+
+def _is_fp16_emulated(model_prefix: str) -> bool:
+    block = _program_desc(model_prefix).blocks[0]
+    return any(_FP16_EMU_SUFFIX in v.name for v in block.vars)
+
+
+class InferenceEngine:
+    """A paddle.inference predictor for a one-input/one-output model.
+
+    `effective_precision` says what really runs (e.g. "fp16-emulated" on CPU); `notes` explain why.
+    """
+
+    def __init__(self, model_prefix: str | os.PathLike, precision: str = "fp32", threads: int = 2,
+                 mkldnn: bool = True, ir_optim: bool = True, device: str = "cpu",
+                 tensorrt: bool = False, max_batch: int = 64) -> None:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
+        if device not in ("cpu", "gpu"):
+            raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
+        self.model_prefix = str(model_prefix)
+        model, params = _files(model_prefix)
+        self.input_shape = program_input_shape(model_prefix)
+        self.notes: list[str] = []
+        cfg = pinf.Config(model, params)
+        cfg.disable_glog_info()  # GLOG_minloglevel does not silence the pass printout
+        cfg.switch_ir_optim(ir_optim)
+        if device == "gpu":
+            self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch)
+        else:
+            self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn)
+        try:
+            self._predictor = pinf.create_predictor(cfg)
+        except Exception as e:  # Paddle raises RuntimeError/ValueError/OSError subclasses
+            raise PipelineError(f"Paddle Inference could not load {self.model_prefix}: "
+                                f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}",
+                                hint="check the model was exported by paddle.jit.save / PaddleSlim") from e
+        ins, outs = self._predictor.get_input_names(), self._predictor.get_output_names()
+        if len(ins) != 1 or len(outs) != 1:
+            raise PipelineError(f"engine supports one input/one output, model has {ins} -> {outs}")
+        self.input_name, self.output_name = ins[0], outs[0]
+        self._in = self._predictor.get_input_handle(self.input_name)
+        self._out = self._predictor.get_output_handle(self.output_name)
+
+    def _config_cpu(self, cfg: pinf.Config, precision: str, threads: int, mkldnn: bool) -> str:
+        cfg.disable_gpu()
+        cfg.set_cpu_math_library_num_threads(int(threads))
+        ops = program_ops(self.model_prefix)
+        if precision == "int8":
+            if not _has_quant_ops(ops):
+                raise PipelineError(f"{self.model_prefix} has no quantize ops; int8 needs a PaddleSlim quant model",
+                                    hint="run quant.quantize_ptq() first")
+            # Without enable_mkldnn_int8 a fake-quant model runs simulated (~10x slower, still fp32 math).
+            cfg.enable_mkldnn()
+            cfg.enable_mkldnn_int8()
+            if not mkldnn:
+                self.notes.append("mkldnn forced on: CPU int8 kernels are oneDNN only")
+            return "int8"
+        if precision == "bf16":
+            ok, why = bf16_status()
+            if not ok:
+                raise PipelineError(f"bf16 not available: {why}", hint="report bf16 as SKIPPED (see bf16_status())")
+            cfg.enable_mkldnn()
+            cfg.enable_mkldnn_bfloat16()
+            self.notes.append(why)
+            return "bf16"
+        if mkldnn:
+            cfg.enable_mkldnn()
+        if precision == "fp16":
+            if not _is_fp16_emulated(self.model_prefix):
+                raise PipelineError("fp16 predictors need a GPU build of Paddle (no CPU fp16 conv/matmul kernels)",
+                                    hint="on CPU build an emulated model with make_fp16_emulated() and load that")
+            self.notes.append("fp16 emulated on CPU: fp16-rounded weights/activations, fp32 math")
+            return "fp16-emulated"
+        if _is_fp16_emulated(self.model_prefix):
+            self.notes.append("model carries fp16-emulation casts")
+            return "fp16-emulated"
+        if _has_quant_ops(ops):
+            self.notes.append("fake-quant model run as fp32 (simulated int8; pass precision='int8' for real int8)")
+            return "int8-simulated"
+        return "fp32"
+
+    def _config_gpu(self, cfg: pinf.Config, precision: str, tensorrt: bool, max_batch: int) -> str:
+        _require_gpu(f"GPU {precision} inference")
+        if precision not in ("fp32", "fp16"):
+            raise ConfigError(f"GPU engine supports fp32/fp16, not {precision}", hint="use device=cpu for int8")
+        half = pinf.PrecisionType.Half
+        mode = half if precision == "fp16" else pinf.PrecisionType.Float32
+        if tensorrt:
+            cfg.enable_use_gpu(256, 0)
+            cfg.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=max_batch, min_subgraph_size=3,
+                                       precision_mode=mode, use_static=False, use_calib_mode=False)
+            shp = [max(d, 1) for d in self.input_shape]  # dynamic dims: let TRT see 1..max_batch
+            lo, hi = [1] + shp[1:], [max_batch] + shp[1:]
+            feed = _feed_name(_program_desc(self.model_prefix).blocks[0], self.model_prefix)
+            cfg.set_trt_dynamic_shape_info({feed: lo}, {feed: hi}, {feed: lo})
+            self.notes.append(f"TensorRT {precision}")
+        else:
+            # precision_mode=Half turns on Paddle's GPU auto-mixed-precision pass.
+            cfg.enable_use_gpu(256, 0, mode)
+        return precision
+
+    def _validate(self, x: np.ndarray) -> None:
+        if not isinstance(x, np.ndarray):
+            raise DataError(f"input must be a numpy array, got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise DataError(f"input dtype {x.dtype} != float32", hint="cast with x.astype(np.float32)")
+        want = self.input_shape
+        if x.ndim != len(want):
+            raise DataError(f"input rank {x.ndim} (shape {list(x.shape)}) != model rank {len(want)} ({want})")
+        bad = [i for i, (g, w) in enumerate(zip(x.shape, want)) if w > 0 and g != w]
+        if bad or x.shape[0] == 0:
+            raise DataError(f"input shape {list(x.shape)} does not match model input {want}",
+                            hint="-1 dims are free; batch must be >= 1")
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        self._validate(x)
+        self._in.reshape(list(x.shape))
+        self._in.copy_from_cpu(np.ascontiguousarray(x))
+        self._predictor.run()
+        return self._out.copy_to_cpu()
+
+    def run_batched(self, x: np.ndarray, batch_size: int) -> np.ndarray:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self._validate(x)
+        return np.concatenate([self.run(x[i:i + batch_size]) for i in range(0, len(x), batch_size)], axis=0)
+
+
+def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> dict:
+    """Write a copy whose weights and float activations are rounded through fp16 (CPU stand-in for fp16).
+
+    Each producer op writes to `<v>.fp16raw`; cast(fp32->fp16) + cast(fp16->fp32) restore `<v>`, so
+    consumers, feed and fetch names are unchanged.
+    """
+    _files(model_prefix)
+    vt = paddle.base.core.VarDesc.VarType
+    fp16, fp32, dense = vt.FP16, vt.FP32, vt.LOD_TENSOR
+    paddle.enable_static()
+    try:
+        scope, place = paddle.static.Scope(), paddle.CPUPlace()
+        with paddle.static.scope_guard(scope):
+            exe = paddle.static.Executor(place)
+            prog, feed_names, fetch_vars = paddle.static.load_inference_model(str(model_prefix), exe)
+            block = prog.global_block()
+            n_params = 0
+            for var in prog.list_vars():
+                if var.persistable and var.type == dense and var.dtype == fp32 and scope.find_var(var.name) is not None:
+                    t = scope.find_var(var.name).get_tensor()
+                    t.set(np.array(t).astype(np.float16).astype(np.float32), place)
+                    n_params += 1
+            n_casts, i = 0, 0
+            while i < len(block.ops):
+                op = block.ops[i]
+                if op.type in ("feed", "fetch", "cast"):
+                    i += 1
+                    continue
+                targets = []
+                for slot in op.output_names:
+                    if slot in _SKIP_OUT_SLOTS:
+                        continue
+                    for name in op.output(slot):
+                        v = block._find_var_recursive(name)
+                        if (v is not None and not v.persistable and v.type == dense and v.dtype == fp32
+                                and name not in targets):
+                            targets.append(name)
+                for name in targets:
+                    v = block.var(name)
+                    raw = block.create_var(name=f"{name}.fp16raw{n_casts}", shape=v.shape, dtype=fp32)
+                    half = block.create_var(name=f"{name}{_FP16_EMU_SUFFIX}{n_casts}", shape=v.shape, dtype=fp16)
+                    op._rename_output(name, raw.name)
+                    block._insert_op(i + 1, type="cast", inputs={"X": [raw]}, outputs={"Out": [half]},
+                                     attrs={"in_dtype": fp32, "out_dtype": fp16})
+                    block._insert_op(i + 2, type="cast", inputs={"X": [half]}, outputs={"Out": [v]},
+                                     attrs={"in_dtype": fp16, "out_dtype": fp32})
+                    n_casts += 1
+                i += 1 + 2 * len(targets)
+            feed_vars = [block.var(n) for n in feed_names]
+            Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
+            # Serialize the edited desc as is: save_inference_model would append another scale op
+            # whose output name depends on the global unique_name counter (fetch name could drift).
+            model_bytes = prog.desc.serialize_to_string()
+            params_bytes = paddle.static.serialize_persistables(feed_vars, fetch_vars, exe, program=prog)
+            Path(f"{out_prefix}.pdmodel").write_bytes(model_bytes)
+            Path(f"{out_prefix}.pdiparams").write_bytes(params_bytes)
+    finally:
+        paddle.disable_static()
+    return {"casts_inserted": 2 * n_casts, "params_rounded": n_params, "label": "fp16-emulated"}
+
+
+def convert_fp16_gpu(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> str:
+    """Real FP16 model for GPU predictors; Paddle refuses PlaceType.CPU, so only on a CUDA build."""
+    model, params = _files(model_prefix)
+    _require_gpu("convert_to_mixed_precision(fp16)")
+    Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    pinf.convert_to_mixed_precision(model, params, f"{out_prefix}.pdmodel", f"{out_prefix}.pdiparams",
+                                    pinf.PrecisionType.Half, pinf.PlaceType.GPU, keep_io_types=True)
+    return str(out_prefix)

@@ -1,0 +1,52 @@
+"""The one preprocessing path. Training, every engine check, `verify` and `serve` call these,
+and the bundle's infer_config.yaml carries the spec, so no consumer can drift from training.
+
+spec = {"height": H, "width": W, "channels": 1, "mean": m, "std": s, "resize": "stretch"|"pad_right"}
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from .errors import DataError
+
+
+def to_tensor(images: np.ndarray, spec: dict) -> np.ndarray:
+    """uint8 [N, H, W] → float32 [N, 1, H, W], normalised as (x/255 - mean) / std."""
+    if images.dtype != np.uint8 or images.ndim != 3:
+        raise DataError(f"expected uint8 images [N, H, W], got {images.dtype} {list(images.shape)}")
+    h, w = spec["height"], spec["width"]
+    if images.shape[1:] != (h, w):
+        raise DataError(f"images are {images.shape[1]}x{images.shape[2]}, the model expects {h}x{w}",
+                        hint="pass them through fit_image() first")
+    x = images.astype(np.float32) / 255.0
+    x = (x - float(spec["mean"])) / float(spec["std"])
+    return x[:, None, :, :]
+
+
+def fit_image(img: Image.Image, spec: dict) -> np.ndarray:
+    """Any PIL image → uint8 [H, W] grayscale of the model's size (same rule as the data sets)."""
+    img = img.convert("L")
+    h, w = spec["height"], spec["width"]
+    if spec.get("resize", "stretch") == "pad_right":
+        # text lines keep their aspect ratio: scale to height, pad (white) or squeeze to width
+        new_w = max(1, min(w, round(img.width * h / max(1, img.height))))
+        img = img.resize((new_w, h), Image.BILINEAR)
+        canvas = Image.new("L", (w, h), 255)
+        canvas.paste(img, (0, 0))
+        img = canvas
+    elif img.size != (w, h):
+        img = img.resize((w, h), Image.BILINEAR)
+    return np.asarray(img, dtype=np.uint8)
+
+
+def decode_image_bytes(data: bytes, spec: dict) -> np.ndarray:
+    """PNG/JPEG bytes → uint8 [H, W]; raises DataError on anything PIL cannot read."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return fit_image(img, spec)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise DataError(f"not a readable PNG/JPEG image: {exc}") from None

@@ -1,0 +1,224 @@
+"""Orders stages, checks their inputs, skips up-to-date ones, runs the rest atomically, records results.
+
+The runner owns the bookkeeping (DVC-style fingerprints, manifests, temp-dir-then-rename);
+a stage only reads ctx.inputs / ctx.cfg and writes into ctx.out_dir.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from . import env
+from .artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
+                        write_json)
+from .config import Config, save_resolved
+from .errors import ConfigError, GateFailed, IntegrityError, MissingArtifact, PipelineError
+from .gates import FAIL, OK, Gate
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass
+class StageResult:
+    gates: list[Gate] = field(default_factory=list)
+    precision: dict = field(default_factory=dict)     # {"requested": ..., "effective": ...}
+    metrics: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    cfg: Config
+    name: str
+    out_dir: Path                 # temp folder; renamed into place when the stage succeeds
+    work_dir: Path                # persistent scratch (checkpoints for resume), survives failures
+    inputs: dict[str, Path]       # upstream stage name → its (verified) output folder
+    input_manifests: dict[str, dict]
+    fingerprint: str = ""
+    force: bool = False
+
+    @property
+    def quiet(self) -> bool:
+        return self.cfg.run.quiet
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]           # upstream stages whose outputs this one reads
+    config_keys: tuple[str, ...]      # config sections that change the result (fingerprint)
+    make_target: str                  # what users type to produce this stage's output
+    run: Callable[[StageContext], StageResult]
+    description: str = ""
+
+
+@dataclass
+class Outcome:
+    stage: str
+    status: str                       # OK | FAIL | CACHED | ERROR | NOT RUN
+    manifest: dict | None = None
+    error: PipelineError | None = None
+    seconds: float = 0.0
+
+
+def registry() -> dict[str, Stage]:
+    """The only place pipeline/ reaches into stages/: each module exposes STAGE."""
+    pkg = importlib.import_module("stages")
+    return {s.name: s for s in (importlib.import_module(f"stages.{m}").STAGE for m in pkg.ORDER)}
+
+
+def _code_hash(stage: Stage) -> str:
+    """The stage's module plus the framework: a code change re-runs the stage (stages never import each other)."""
+    h = hashlib.sha256()
+    mod = sys.modules.get(stage.run.__module__)
+    files = [Path(mod.__file__)] if mod and getattr(mod, "__file__", None) else []
+    files += sorted(Path(__file__).resolve().parent.rglob("*.py"))
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict]) -> str:
+    blob = {
+        "stage": stage.name,
+        "config": cfg.section(*stage.config_keys),
+        "inputs": {k: {f: m["sha256"] for f, m in v.get("outputs", {}).items()} for k, v in input_manifests.items()},
+        "code": _code_hash(stage),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+class Runner:
+    def __init__(self, cfg: Config, force: bool = False):
+        self.cfg = cfg
+        self.force = force
+        self.stages = registry()
+        self.run_dir = cfg.run_dir
+
+    def resolve(self, names: list[str]) -> list[Stage]:
+        order = list(self.stages)
+        unknown = [n for n in names if n not in self.stages]
+        if unknown:
+            import difflib
+            close = difflib.get_close_matches(unknown[0], order, n=1)
+            raise ConfigError(f"unknown stage '{unknown[0]}'",
+                              hint=f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(order)}")
+        return [self.stages[n] for n in order if n in names]
+
+    def _inputs(self, stage: Stage) -> tuple[dict[str, Path], dict[str, dict]]:
+        dirs, manifests = {}, {}
+        for dep in stage.inputs:
+            folder = self.run_dir / dep
+            man = load_manifest(folder)
+            maker = self.stages[dep].make_target
+            if man is None:
+                failed = load_manifest(self.run_dir / f"{dep}.failed")
+                why = "failed its gates (see the summary)" if failed else "has not been produced"
+                raise MissingArtifact(f"{stage.name} needs the '{dep}' output at {folder}, which {why}",
+                                      hint=f"run `make {maker}` first (same CONFIG)")
+            verify_outputs(folder, man)
+            if man.get("fingerprint") != self._expected_fingerprint(self.stages[dep]):
+                raise MissingArtifact(f"{stage.name} needs the '{dep}' output at {folder}, but it was made with "
+                                      f"another config or code version (stale)",
+                                      hint=f"run `make {maker}` first (same CONFIG)")
+            dirs[dep], manifests[dep] = folder, man
+        return dirs, manifests
+
+    def _expected_fingerprint(self, stage: Stage) -> str | None:
+        """What `stage` would fingerprint to now, given the outputs its own inputs have on disk."""
+        manifests = {}
+        for dep in stage.inputs:
+            man = load_manifest(self.run_dir / dep)
+            if man is None:
+                return None
+            manifests[dep] = man
+        return fingerprint(self.cfg, stage, manifests)
+
+    def run(self, names: list[str]) -> list[Outcome]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_resolved(self.cfg, self.run_dir / "config.resolved.yaml")
+        outcomes: list[Outcome] = []
+        for stage in self.resolve(names):
+            if any(o.status in (FAIL, "ERROR", "NOT RUN") and o.stage in stage.inputs for o in outcomes):
+                outcomes.append(Outcome(stage.name, "NOT RUN",
+                                        error=MissingArtifact(f"{stage.name} not run: an input stage failed")))
+                continue
+            outcomes.append(self._run_one(stage))
+        return outcomes
+
+    def _run_one(self, stage: Stage) -> Outcome:
+        t0 = time.time()
+        try:
+            dirs, manifests = self._inputs(stage)
+        except PipelineError as exc:
+            return Outcome(stage.name, "ERROR", error=exc)
+        fp = fingerprint(self.cfg, stage, manifests)
+        final = self.run_dir / stage.name
+        current = load_manifest(final)
+        if current and not self.force and current.get("fingerprint") == fp and current.get("status") == OK:
+            try:
+                verify_outputs(final, current)
+                log.info("[%s] up to date (fingerprint %s), skipped; FORCE=1 re-runs it", stage.name, fp)
+                return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
+            except IntegrityError as exc:
+                log.warning("[%s] cached output is damaged (%s); re-running", stage.name, exc.message)
+        work = self.run_dir / ".work" / stage.name
+        work.mkdir(parents=True, exist_ok=True)
+        log.info("[%s] running (%s)", stage.name, stage.description or stage.name)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            with staged_dir(final) as tmp:
+                ctx = StageContext(self.cfg, stage.name, tmp, work, dirs, manifests, fp, self.force)
+                result = stage.run(ctx)
+                manifest = self._manifest(stage, fp, manifests, tmp, result, started, time.time() - t0)
+                write_json(tmp / MANIFEST, manifest)
+                if manifest["status"] == FAIL:
+                    # keep the evidence beside, never in place of, the last good output
+                    replace_dir(tmp, self.run_dir / f"{stage.name}.failed")
+                    tmp.mkdir()   # staged_dir swaps an empty folder in only on success; see below
+                    raise _GateFail(manifest)
+        except _GateFail as gf:
+            first = next(Gate.from_dict(g) for g in gf.manifest["gates"] if g["status"] == FAIL)
+            return Outcome(stage.name, FAIL, manifest=gf.manifest, seconds=time.time() - t0,
+                           error=GateFailed(first.failure_line(),
+                                            hint=f"details in {self.run_dir / (stage.name + '.failed') / MANIFEST}"))
+        except PipelineError as exc:
+            return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
+        shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
+        return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
+
+    def _manifest(self, stage: Stage, fp: str, inputs: dict[str, dict], out: Path, result: StageResult,
+                  started: str, seconds: float) -> dict:
+        status = FAIL if any(g.status == FAIL for g in result.gates) else OK
+        return {
+            "stage": stage.name,
+            "status": status,
+            "fingerprint": fp,
+            "config_hash": self.cfg.hash_of(*stage.config_keys),
+            "config": self.cfg.section(*stage.config_keys),
+            "inputs": {k: {f: m["sha256"] for f, m in v.get("outputs", {}).items()} for k, v in inputs.items()},
+            "outputs": describe_files(out),
+            "precision": result.precision,
+            "metrics": result.metrics,
+            "gates": [g.to_dict() for g in result.gates],
+            "info": result.info,
+            "versions": env.versions(),
+            "cpu_tuning": dict(env.APPLIED_TUNING),
+            "started": started,
+            "duration_s": round(seconds, 2),
+        }
+
+
+class _GateFail(Exception):
+    def __init__(self, manifest: dict):
+        super().__init__(manifest["stage"])
+        self.manifest = manifest

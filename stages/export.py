@@ -1,0 +1,64 @@
+"""export: paddle.jit.to_static + jit.save (dynamic batch InputSpec) → inference.pdmodel/.pdiparams.
+
+Gate: the exported program, reloaded with paddle.jit.load, against the trained dygraph model's
+reference outputs on the validation slice (NaN/Inf, max abs diff, metric drop).
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import numpy as np
+
+from pipeline.artifacts import atomic_write_bytes, atomic_write_text, require_file
+from pipeline.gates import Gate, evaluate
+from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.tasks import get_task
+
+
+def run(ctx: StageContext) -> StageResult:
+    import paddle
+    from paddle.static import InputSpec
+
+    train_dir = ctx.inputs["train"]
+    info = json.loads(require_file(train_dir / "info.json", "training info", "make train").read_text())
+    state = paddle.load(str(require_file(train_dir / "model.pdparams", "trained parameters", "make train")))
+    with np.load(require_file(train_dir / "val_slice.npz", "validation slice", "make train")) as z:
+        x, labels, reference, images = z["inputs"], z["labels"], z["outputs"], z["images"]
+
+    paddle.set_device("cpu")
+    task = get_task(info["task"])
+    model = task.build_model(info["model"], info["labels_info"])
+    model.set_state_dict(state)
+    model.eval()
+    spec = [InputSpec([None] + info["input_shape"][1:], "float32", "x")]        # dynamic batch
+    t0 = time.perf_counter()
+    static_model = paddle.jit.to_static(model, input_spec=spec)
+    prefix = ctx.out_dir / "inference"
+    paddle.jit.save(static_model, str(prefix), input_spec=spec)
+    seconds = time.perf_counter() - t0
+
+    loaded = paddle.jit.load(str(prefix))
+    loaded.eval()
+    with paddle.no_grad():
+        out = np.concatenate([loaded(paddle.to_tensor(x[i:i + 256])).numpy() for i in range(0, len(x), 256)])
+    metric = task.primary_metric
+    ref_value = task.metrics(reference, labels)[metric]
+    gate = Gate("export", "jit.save program vs dygraph", "float32", "float32", metric, reference=ref_value)
+    tol = ctx.cfg.export.gate
+    evaluate(gate, out, reference, tol.atol, task.metrics(out, labels)[metric], tol.metric_delta)
+    gate.seconds = round(seconds, 2)
+    # downstream stages read only export's folder for the reference: inputs, labels, exported outputs
+    buf = io.BytesIO()
+    np.savez(buf, inputs=x, labels=labels, outputs=out, images=images)
+    atomic_write_bytes(ctx.out_dir / "reference.npz", buf.getvalue())
+    atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
+    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+                       metrics={metric: gate.value},
+                       info={"input_spec": [None] + info["input_shape"][1:], "files": ["inference.pdmodel",
+                                                                                      "inference.pdiparams"]})
+
+
+STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
+              description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

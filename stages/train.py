@@ -1,0 +1,141 @@
+"""train: dygraph training through the AMP API → fp32 parameters, metrics, reference outputs.
+
+Writes: model.pdparams, info.json (labels/charset, pre/post-processing spec), val_slice.npz
+(inputs, labels and the trained model's outputs: the reference every later stage is gated on),
+metrics.jsonl (per-epoch telemetry).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import io
+import math
+import random
+
+import numpy as np
+
+from pipeline import amp, env
+from pipeline.artifacts import atomic_write_bytes, atomic_write_text
+from pipeline.errors import ConfigError, DataError, NonFiniteError
+from pipeline.gates import FAIL, OK, Check, Gate
+from pipeline.preprocess import to_tensor
+from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.tasks import get_task
+
+log = logging.getLogger("pipeline")
+
+
+def seed_everything(seed: int) -> None:
+    import paddle
+
+    paddle.seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def pick_device(wanted: str) -> str:
+    import paddle
+
+    caps = env.capabilities()
+    if wanted == "gpu" and not caps["gpu"]:
+        raise ConfigError("train.device is 'gpu' but Paddle sees no GPU (CPU build or no device)",
+                          hint="use train.device=auto or install the GPU build (make setup DEVICE=gpu)")
+    device = "gpu" if (wanted in ("auto", "gpu") and caps["gpu"]) else "cpu"
+    paddle.set_device(device)
+    return device
+
+
+def check_data(cfg, ds) -> None:
+    tr = cfg.train
+    n = len(ds.train.labels)
+    if n == 0 or len(ds.val.labels) == 0:
+        raise DataError("training or validation set is empty", hint="check data.path / data.num_*")
+    if tr.batch_size > n:
+        raise ConfigError(f"train.batch_size {tr.batch_size} is larger than the training set ({n} samples)",
+                          hint=f"set train.batch_size <= {n}")
+
+
+def precheck_amp(cfg, model, plan, x: np.ndarray):
+    """Ultralytics-style: an AMP forward must agree with fp32 before we trust AMP for a whole run."""
+    import paddle
+
+    pc = cfg.train.amp.precheck
+    if not (plan.enabled and pc.enable):
+        return plan, None
+    model.eval()
+    with paddle.no_grad():
+        ref = model(paddle.to_tensor(x)).astype("float32").numpy()
+        with amp.autocast(cfg.train.amp, plan):
+            low = model(paddle.to_tensor(x)).astype("float32").numpy()
+    model.train()
+    diff = float(np.abs(ref - low).max()) if np.isfinite(low).all() else math.inf
+    if diff <= pc.atol:
+        return plan, diff
+    msg = f"AMP pre-check: max |fp32 - {plan.effective}| = {diff:.3g} > {pc.atol}"
+    if pc.on_fail == "fail":
+        raise NonFiniteError(f"train: {msg}", hint="black-list unstable ops (train.amp.custom_black_list) or use bfloat16")
+    log.warning("[train] %s: falling back to float32", msg)
+    plan.enabled, plan.effective, plan.reason = False, "float32", msg
+    return plan, diff
+
+
+def run(ctx: StageContext) -> StageResult:
+    import paddle
+
+    from pipeline.train_loop import predict, train_model
+
+    cfg = ctx.cfg
+    task = get_task(cfg.task)
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.train.device)
+    ds = task.load_data(cfg.section("data")["data"], cfg.seed)
+    check_data(cfg, ds)
+    spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
+    model = task.build_model(cfg.section("model")["model"], ds.info)
+    plan = amp.plan(cfg.train.amp, device, env.capabilities())
+    plan, precheck_diff = precheck_amp(cfg, model, plan, to_tensor(ds.train.images[:cfg.train.batch_size], spec))
+
+    best_state, history = train_model(ctx, task, model, ds, spec, plan, device)
+    model.set_state_dict(best_state)
+
+    val_x = to_tensor(ds.val.images, spec)
+    val_out = predict(model, val_x)
+    val_metrics = task.metrics(val_out, ds.val.labels)
+    if not np.isfinite(val_out).all():
+        raise NonFiniteError("train: the best model produces NaN/Inf on the validation set",
+                             hint="lower train.lr or black-list exp/softmax under AMP")
+    k = min(cfg.train.val_slice, len(val_x))
+    buf = io.BytesIO()
+    np.savez(buf, inputs=val_x[:k], images=ds.val.images[:k], labels=ds.val.labels[:k], outputs=val_out[:k])
+    atomic_write_bytes(ctx.out_dir / "val_slice.npz", buf.getvalue())
+    # calibration samples for INT8 (PTQ) come from the training set, never from validation
+    n_cal = min(len(ds.train.labels), 512)
+    buf = io.BytesIO()
+    np.savez(buf, inputs=to_tensor(ds.train.images[:n_cal], spec))
+    atomic_write_bytes(ctx.out_dir / "calib.npz", buf.getvalue())
+    paddle.save(best_state, str(ctx.out_dir / "model.pdparams"))
+    info = {"task": cfg.task, "model": cfg.section("model")["model"], "labels_info": ds.info,
+            "preprocess": spec, "postprocess": task.postprocess_spec(ds.info),
+            "primary_metric": task.primary_metric, "input_shape": [-1, 1, spec["height"], spec["width"]]}
+    atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
+    atomic_write_text(ctx.out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+
+    metric = task.primary_metric
+    value = val_metrics[metric]
+    gate = Gate("train", "dygraph validation", plan.requested, plan.effective, metric, value=value,
+                checks=[Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric)])
+    gate.status = OK if gate.checks[0].passed else FAIL
+    gate.seconds = sum(h["seconds"] for h in history)
+    gate.extra = {"samples_per_s": history[-1]["samples_per_s"] if history else None}
+    return StageResult(
+        gates=[gate],
+        precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
+        metrics={**val_metrics, "epochs": len(history), "skipped_steps": sum(h["skipped_steps"] for h in history),
+                 "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
+                 "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
+        info={"device": device, "val_slice": k},
+    )
+
+
+STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train"),
+              make_target="train", run=run, description="AMP training on the configured task")

@@ -1,0 +1,8 @@
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
