@@ -26,8 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
                      help="re-run stages even when up to date (env FORCE=1)")
     _config_args(run)
+    launch = sub.add_parser("launch", help="multi-process data-parallel training (paddle.distributed.launch)")
+    launch.add_argument("--nproc", type=int, default=2)
+    launch.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1")
+    _config_args(launch)
+    launch.set_defaults(func=lambda a: __import__("pipeline.distributed", fromlist=["launch"]).launch(a))
     show = sub.add_parser("summary", help="print the summary table of a run")
     _config_args(show)
+    from . import cli_tools              # verify / serve / history / nightly / accept
+    cli_tools.register(sub, _config_args)
     return parser
 
 
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             from .summary import print_summary
             print_summary(_load(args).run_dir, list(registry()), {})
             return 0
+        return int(args.func(args) or 0)   # subcommands from cli_tools
     except PipelineError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code

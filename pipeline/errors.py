@@ -15,6 +15,9 @@ class PipelineError(Exception):
     def one_line(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
+    def __str__(self) -> str:
+        return self.one_line()
+
 
 class ConfigError(PipelineError):
     exit_code = 2

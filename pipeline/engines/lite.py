@@ -10,8 +10,6 @@ Facts this module relies on (measured with paddlelite 2.13rc0, see /work/shared/
   * enable_fp16() only works when called before set_valid_places (after it: no effect, which is
     what STACK.md observed); then ARM gets FP16 kernels, x86 none.
 """
-from __future__ import annotations
-
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import atexit
@@ -61,12 +59,10 @@ class ConvertResult:
 
 
 def _signal_name(rc: int) -> str:
-    if rc < 0:
-        try:
-            return signal.Signals(-rc).name
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit code {rc}"
+    try:
+        return signal.Signals(-rc).name if rc < 0 else f"exit code {rc}"
+    except ValueError:  # real-time signals have no enum name
+        return f"signal {-rc}"
 
 
 def _tail(text: str, n: int = 5) -> str:
@@ -99,12 +95,14 @@ def nb_kernels(nb_path: str | os.PathLike) -> list[tuple[str, str, int, int]]:
     data = Path(nb_path).read_bytes()
     found: set[tuple[str, str, int, int]] = set()
     for m in _KERNEL_KEY.finditer(data):
-        # Keys are length-prefixed (uint32 LE); checking it rejects matches inside weights.
-        start = m.start(1)
-        if start < 4 or int.from_bytes(data[start - 4:start], "little") != len(m.group(1)):
-            continue
-        op, alias, tgt, prec, _layout = m.group(1).decode().split("/")
-        found.add((op, alias, int(tgt), int(prec)))
+        # Keys are uint32-LE length-prefixed; checking it rejects matches inside weights. A length
+        # byte that is itself alphanumeric gets swallowed by the regex, hence the 1-byte shift.
+        for shift in (0, 1):
+            start, key = m.start(1) + shift, m.group(1)[shift:]
+            if start >= 4 and int.from_bytes(data[start - 4:start], "little") == len(key):
+                op, alias, tgt, prec, _layout = key.decode().split("/")
+                found.add((op, alias, int(tgt), int(prec)))
+                break
     return sorted(found)
 
 
@@ -113,10 +111,6 @@ def _nb_target(nb: Path) -> str:
     names = {2: "x86", 4: "arm"}
     tgts = [names.get(k[2], str(k[2])) for k in nb_kernels(nb) if k[2] not in (0, 1, 6)]
     return max(set(tgts), key=tgts.count) if tgts else "unknown"
-
-
-def _precisions(kernels: list[tuple[str, str, int, int]]) -> set[str]:
-    return {_PREC_NAMES.get(k[3], str(k[3])) for k in kernels}
 
 
 def _opt(model: Path, params: Path, target: str, out_prefix: Path, *, fp16: bool = False,
@@ -256,7 +250,7 @@ def convert(model_file: str | os.PathLike, params_file: str | os.PathLike,
                 exc.message = f"{exc.message}; unsupported ops: {', '.join(missing)}"
                 exc.args = (exc.message,)
             raise
-        kernel_precs = _precisions(nb_kernels(nb))
+        kernel_precs = {_PREC_NAMES.get(k[3], str(k[3])) for k in nb_kernels(nb)}
         effective = ("fp16" if "fp16" in kernel_precs else "int8" if "int8" in kernel_precs
                      else precision if precision in _QUANT_TYPE else "fp32")
         if precision in ("fp16", "int8") and effective != precision:
@@ -282,8 +276,8 @@ def _check_input(x: Any, expected_shape: list[int]) -> None:
     if x.dtype != np.float32:
         raise DataError(f"Lite input dtype is {x.dtype}, expected float32 "
                         "(Lite does not check: float64 yields NaN)", "cast with x.astype('float32')")
-    exp = [int(d) for d in expected_shape]
-    ok = x.ndim == len(exp) and all(e in (-1, None) or e == g for e, g in zip(exp, x.shape))
+    exp = [-1 if d is None else int(d) for d in expected_shape]
+    ok = x.ndim == len(exp) and all(e == -1 or e == g for e, g in zip(exp, x.shape))
     if not ok:
         raise DataError(f"Lite input shape {list(x.shape)} does not match expected {exp} "
                         "(-1 = any; Lite does not check and returns garbage)")
@@ -315,6 +309,5 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
     On x86, ARM and quantized .nb files run without error but output garbage (STACK.md).
     """
     machine = platform.machine().lower()
-    host = "x86" if machine in ("x86_64", "amd64", "i686", "x86") else (
-        "arm" if machine in ("aarch64", "arm64") or machine.startswith("arm") else machine)
+    host = {"x86_64": "x86", "amd64": "x86", "aarch64": "arm", "arm64": "arm"}.get(machine)
     return precision == "fp32" and target == host

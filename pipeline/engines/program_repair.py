@@ -9,8 +9,6 @@ Repairs, both verified to crash `opt` when absent (see /work/shared/STACK.md):
 The repaired program still runs identically in Paddle Inference (XShape is an unused
 intermediate output; 6.0 is relu6's only threshold).
 """
-from __future__ import annotations
-
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import os

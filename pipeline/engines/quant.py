@@ -122,7 +122,8 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
     paddle.enable_static()
     try:
         scope = paddle.static.Scope()  # PTQ loads params via the executor into the *guarded* scope
-        with _quiet() as log, paddle.static.scope_guard(scope):
+        # Fresh name counter: otherwise the fetch var is named ...scale_0.tmp_N, N = PTQ runs so far.
+        with _quiet() as log, paddle.static.scope_guard(scope), paddle.utils.unique_name.guard():
             loader = paddle.io.DataLoader(_CalibSet(feed, x), batch_size=batch_size, shuffle=False,
                                           drop_last=False, num_workers=0)
             try:

@@ -1,0 +1,146 @@
+"""Subcommands beyond `run`: each registers a parser and sets `func(args) -> exit code`.
+
+Errors are raised as PipelineError; cli.main turns them into one-line messages and exit codes.
+"""
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def register(sub, config_args) -> None:
+    v = sub.add_parser("verify", help="check a bundle (folder or .tar.gz): hashes, then sample outputs")
+    v.add_argument("bundle", type=Path)
+    v.add_argument("--timeout", type=float, default=120)
+    v.set_defaults(func=_verify)
+
+    s = sub.add_parser("serve", help="HTTP inference service for a bundle (POST /predict, GET /health)")
+    s.add_argument("bundle", type=Path)
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--threads", type=int, default=0, help="CPU threads for the predictor; 0 = all cores")
+    s.set_defaults(func=_serve)
+
+    n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
+    n.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
+    config_args(n)
+    n.set_defaults(func=_nightly)
+
+    c = sub.add_parser("compare", help="compare an existing run folder with the baseline (junit, report, history)")
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
+    config_args(c)
+    c.set_defaults(func=_compare)
+
+    a = sub.add_parser("accept", help="promote a run folder (default: the newest nightly) to regression baseline")
+    a.add_argument("run_dir", type=Path, nargs="?")
+    config_args(a)
+    a.set_defaults(func=_accept)
+
+    h = sub.add_parser("history", help="print the trend over recorded runs")
+    h.add_argument("--limit", type=int, default=20)
+    config_args(h)
+    h.set_defaults(func=_history)
+
+
+def _verify(args) -> int:
+    from .verify import verify_or_raise
+    report = verify_or_raise(args.bundle, timeout=args.timeout)
+    for c in report["checks"]:
+        print(f"  ok  {c['name']}" + (f" = {c['observed']:.3g} (limit {c['limit']:g})" if c["limit"] else ""))
+    print(f"verified: {args.bundle} ({report['files']} files)")
+    return 0
+
+
+def _serve(args) -> int:
+    from .serve import serve
+    serve(args.bundle, host=args.host, port=args.port, threads=args.threads)
+    return 0
+
+
+def _stage_order() -> list[str]:
+    from .runner import registry
+    return list(registry())
+
+
+def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, str]) -> int:
+    """Compare + junit + report + history; the regression list goes to stderr as one block."""
+    from .errors import RegressionFound
+    from .regression import check_run, regression_block
+
+    res = check_run(cfg, run_dir, _stage_order(), baseline=baseline, stage_errors=stage_errors)
+    n = len(res["comparisons"])
+    print(f"baseline: {res['baseline_label']} · {n - len(res['regressions'])}/{n} comparisons OK")
+    print(f"wrote {res['junit']} and {res['report']}")
+    if res["regressions"]:
+        print(regression_block(res["baseline_label"], res["regressions"]), file=sys.stderr)
+        first = res["regressions"][0]
+        raise RegressionFound(f"{len(res['regressions'])} regression(s) vs {res['baseline']['name']}; first: "
+                              f"{first.message}", hint=f"full list above and in {res['report']}")
+    return 0
+
+
+def _nightly(args) -> int:
+    from .cli import _load
+    from .env import import_paddle_quietly
+    from .errors import ConfigError
+    from .runner import Runner
+    from .summary import print_summary
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    args.override = [f"run.name=nightly-{stamp}"] + list(args.override)    # a user's run.name still wins
+    cfg = _load(args)
+    if cfg.run_dir.exists():
+        raise ConfigError(f"nightly needs a fresh run folder, {cfg.run_dir} exists",
+                          hint="drop the run.name override (a timestamped name is chosen)")
+    import_paddle_quietly()
+    outcomes = Runner(cfg, force=True).run(_stage_order())
+    print_summary(cfg.run_dir, _stage_order(), {o.stage: o.status for o in outcomes})
+    errors = {o.stage: o.error.one_line() for o in outcomes if o.error is not None}
+    for msg in errors.values():
+        print(f"error: {msg}", file=sys.stderr)
+    code = _finish(cfg, cfg.run_dir, args.baseline, errors)
+    return next((o.error.exit_code for o in outcomes if o.error is not None), code)
+
+
+def _compare(args) -> int:
+    from .cli import _load
+    from .errors import MissingArtifact
+
+    run_dir = args.run_dir.resolve()
+    if not (run_dir / "config.resolved.yaml").is_file():
+        raise MissingArtifact(f"{args.run_dir} is not a run folder (no config.resolved.yaml)",
+                              hint="pass runs/<name>, e.g. the newest nightly-* folder")
+    # the run's own resolved config (its thresholds), then any -c/-o given here
+    args.config = [str(run_dir / "config.resolved.yaml")] + list(args.config)
+    args.override = list(args.override) + [f"run.root={run_dir.parent}", f"run.name={run_dir.name}"]
+    return _finish(_load(args), run_dir, args.baseline, {})
+
+
+def _accept(args) -> int:
+    from .cli import _load
+    from .errors import MissingArtifact
+    from .history import History
+    from .regression import accept, history_path, run_root
+
+    cfg = _load(args)
+    run_dir = args.run_dir
+    if run_dir is None:
+        nightly = [r for r in History(history_path(cfg)).runs(200)
+                   if r["name"].startswith("nightly-") and Path(r["run_dir"]).is_dir()]
+        if not nightly:
+            raise MissingArtifact("no nightly run recorded to accept", hint="run `make nightly` or pass RUN=runs/<name>")
+        run_dir = Path(nightly[0]["run_dir"])
+    marker = accept(cfg, run_dir, _stage_order())
+    print(f"baseline is now {run_dir} (recorded in {marker})")
+    return 0
+
+
+def _history(args) -> int:
+    from .cli import _load
+    from .history import History, print_trend
+    from .regression import history_path
+
+    print_trend(History(history_path(_load(args))), limit=args.limit)
+    return 0

@@ -1,0 +1,240 @@
+"""Nightly regression: compare a finished run folder with a baseline run folder.
+
+Per gate (matched by stage + subject): passed before and not now; primary metric dropped more
+than regression.metric_drop; median latency grew more than regression.latency_growth (noise-aware,
+see _latency). Per model file and for the bundle: size grew more than regression.size_growth.
+Everything is read from the stage manifests, so any two run folders can be compared.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from .artifacts import load_manifest
+from .config import ROOT
+from .errors import MissingArtifact
+
+LATENCY_FLOOR_MS = 0.05          # differences below this are timer/scheduler noise, whatever the ratio
+MODEL_SUFFIXES = (".pdmodel", ".pdiparams", ".nb")
+BASELINE_FILE = "BASELINE"       # <run.root>/BASELINE names the accepted run (written by `accept`)
+
+
+@dataclass
+class Comparison:
+    name: str                    # "metric · server: paddle-inference fp32 (accuracy)"
+    kind: str                    # status | metric | latency | size
+    baseline: float | str | None
+    current: float | str | None
+    limit: str
+    passed: bool
+    message: str
+
+
+def _resolve(path: str | Path, base: Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else base / p
+
+
+def history_path(cfg) -> Path:
+    return _resolve(cfg.regression.history, ROOT)
+
+
+def run_root(cfg) -> Path:
+    return cfg.run_dir.parent
+
+
+# ------------------------------------------------------------------------------------ facts
+
+def run_facts(run_dir: Path, stage_order: list[str]) -> dict:
+    """What a run folder says about itself: stage statuses, gates, model and bundle sizes."""
+    run_dir = Path(run_dir)
+    stages, gates, sizes = {}, {}, {}
+    for stage in stage_order:
+        man = load_manifest(run_dir / stage) or load_manifest(run_dir / f"{stage}.failed")
+        stages[stage] = man["status"] if man else "NOT RUN"
+        if not man:
+            continue
+        for g in man.get("gates", []):
+            lat = g.get("extra", {}).get("latency_ms")
+            gates[f"{stage}: {g['subject']}"] = {
+                "stage": stage, "subject": g["subject"], "precision": g.get("precision_effective"),
+                "metric": g.get("metric"), "value": g.get("value"), "status": g["status"],
+                "reason": g.get("reason", ""), "seconds": g.get("seconds", 0.0),
+                "latency": lat if isinstance(lat, dict) and lat.get("p50") is not None else None,
+                "bytes": g.get("extra", {}).get("bytes")}
+        outputs = man.get("outputs", {}) if man["status"] == "OK" else {}
+        if stage == "bundle":
+            # the bundle folder is named <run>-<version>: strip it so two runs' bundles line up
+            inner = {k: v for k, v in outputs.items() if "/" in k}
+            if inner:
+                sizes["bundle: all files"] = sum(v["bytes"] for v in inner.values())
+                gates.get("bundle: bundle self-verification", {})["bytes"] = sizes["bundle: all files"]
+            for k, v in outputs.items():
+                if k.endswith(".tar.gz"):
+                    sizes["bundle: .tar.gz"] = v["bytes"]
+        else:
+            for k, v in outputs.items():
+                if k.endswith(MODEL_SUFFIXES):
+                    sizes[f"{stage}: {k}"] = v["bytes"]
+    return {"name": run_dir.name, "run_dir": str(run_dir), "stages": stages, "gates": gates, "sizes": sizes,
+            "config_hash": config_hash(run_dir)}
+
+
+def config_hash(run_dir: Path) -> str | None:
+    """Hash of the resolved config without `run` and `regression` (which differ between nights by design)."""
+    p = Path(run_dir) / "config.resolved.yaml"
+    if not p.is_file():
+        return None
+    tree = {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k not in ("run", "regression")}
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------ compare
+
+def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, latency_growth: float,
+            latency_floor_ms: float = LATENCY_FLOOR_MS) -> list[Comparison]:
+    out: list[Comparison] = []
+    for key, b in base["gates"].items():
+        c = cur["gates"].get(key)
+        now = c["status"] if c else "missing"
+        if b["status"] == "OK":
+            ok = now == "OK"
+            why = "" if ok else f" ({c['reason']})" if c and c.get("reason") else ""
+            out.append(Comparison(f"status · {key}", "status", b["status"], now, "stays OK", ok,
+                                  f"{key}: passed in baseline, now {now}{why}"))
+        if c is None:
+            continue
+        if _num(b["value"]) and c["value"] is not None:
+            drop = b["value"] - c["value"]
+            ok = math.isfinite(c["value"]) and drop <= metric_drop + 1e-12
+            out.append(Comparison(f"metric · {key} ({b['metric']})", "metric", b["value"], c["value"],
+                                  f"drop ≤ {metric_drop:g}", ok,
+                                  f"{key}: {b['metric']} {b['value']:.4f} → {c['value']:.4f} "
+                                  f"(drop {drop:+.4f}, limit {metric_drop:g})"))
+        if b["latency"] and c["latency"]:
+            out.append(_latency(key, b["latency"], c["latency"], latency_growth, latency_floor_ms))
+    for key, b_bytes in base["sizes"].items():
+        c_bytes = cur["sizes"].get(key)
+        if c_bytes is None or not b_bytes:
+            continue                      # a vanished file shows up as a failed/missing gate above
+        growth = c_bytes / b_bytes - 1
+        out.append(Comparison(f"size · {key}", "size", b_bytes, c_bytes, f"growth ≤ {size_growth:.0%}",
+                              growth <= size_growth + 1e-12,
+                              f"{key}: {b_bytes:,} → {c_bytes:,} bytes ({growth:+.1%}, limit +{size_growth:.0%})"))
+    return out
+
+
+def _latency(key: str, b: dict, c: dict, growth: float, floor: float) -> Comparison:
+    """Noise-aware: medians (p50 of many repeats) are compared, with a relative limit; a slowdown
+    counts only if it also exceeds an absolute floor and lands above the baseline's own p90
+    (a median inside the baseline's spread is noise, not a regression)."""
+    b50, c50 = float(b["p50"]), float(c["p50"])
+    rel = c50 / b50 - 1 if b50 > 0 else 0.0
+    spread = float(b.get("p90") or b50)
+    bad = rel > growth and (c50 - b50) > floor and c50 > spread
+    return Comparison(f"latency · {key} (p50)", "latency", b50, c50, f"growth ≤ {growth:.0%}", not bad,
+                      f"{key}: p50 {b50:.3f} → {c50:.3f} ms ({rel:+.1%}, limit +{growth:.0%}, "
+                      f"baseline p90 {spread:.3f} ms)")
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def regressions(comparisons: list[Comparison]) -> list[Comparison]:
+    return [c for c in comparisons if not c.passed]
+
+
+def regression_block(baseline: str, regs: list[Comparison]) -> str:
+    lines = [f"{len(regs)} regression(s) against baseline {baseline}:"]
+    lines += [f"  - [{c.kind}] {c.message}" for c in regs]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ baseline
+
+def resolve_baseline(cfg, current: str, history, explicit: str | None = None) -> tuple[Path | None, str]:
+    """explicit / regression.baseline → the accepted run (<run.root>/BASELINE) → the last passing run
+    in history → none (first run). Returns (run folder, how it was chosen)."""
+    root = run_root(cfg)
+    given = explicit or cfg.regression.baseline
+    if given:
+        for cand in (_resolve(given, ROOT), _resolve(given, root)):
+            if (cand / "config.resolved.yaml").is_file():
+                return cand, "given"
+        raise MissingArtifact(f"baseline run folder not found: {given}",
+                              hint="pass a run folder (e.g. runs/nightly-...) or a run name under run.root")
+    marker = root / BASELINE_FILE
+    if marker.is_file():
+        target = _resolve(marker.read_text().strip(), root)
+        if not target.is_dir():
+            raise MissingArtifact(f"accepted baseline {target} (from {marker}) no longer exists",
+                                  hint="accept another run: make accept RUN=runs/<name>")
+        return target, "accepted"
+    prev = history.last_passed(exclude=current)
+    if prev:
+        return Path(prev["run_dir"]), "previous passing run in history"
+    return None, "none (first run)"
+
+
+def accept(cfg, run_dir: Path, stage_order: list[str]) -> Path:
+    """Promote a run to baseline; only a run whose every stage passed may become the reference."""
+    from .errors import GateFailed
+
+    run_dir = Path(run_dir).resolve()
+    facts = run_facts(run_dir, stage_order)
+    bad = {s: st for s, st in facts["stages"].items() if st != "OK"}
+    if bad:
+        raise GateFailed(f"refusing to accept {run_dir} as baseline: stage(s) not OK: "
+                         + ", ".join(f"{s}={st}" for s, st in bad.items()),
+                         hint="accept a run whose whole chain passed (see `python -m pipeline history`)")
+    root = run_root(cfg)
+    rel = run_dir.relative_to(root.resolve()) if run_dir.is_relative_to(root.resolve()) else run_dir
+    from .artifacts import atomic_write_text
+    atomic_write_text(root / BASELINE_FILE, f"{rel}\n")
+    return root / BASELINE_FILE
+
+
+def comparisons_as_dicts(comps: list[Comparison]) -> list[dict]:
+    return [asdict(c) for c in comps]
+
+
+# ------------------------------------------------------------------------------------ the check
+
+def check_run(cfg, run_dir: Path, stage_order: list[str], *, baseline: str | None = None,
+              stage_errors: dict[str, str] | None = None, now: str | None = None) -> dict:
+    """Compare run_dir with its baseline, append it to the history, write junit.xml and report.html.
+
+    Never raises for a regression (the caller decides): returns facts, comparisons, regressions and paths."""
+    from datetime import datetime, timezone
+
+    from . import env
+    from .history import History
+    from .report import write_junit, write_report
+
+    facts = run_facts(run_dir, stage_order)
+    hist = History(history_path(cfg))
+    base_dir, how = resolve_baseline(cfg, facts["name"], hist, explicit=baseline)
+    base = run_facts(base_dir, stage_order) if base_dir else None
+    r = cfg.regression
+    comps = compare(base, facts, metric_drop=r.metric_drop, size_growth=r.size_growth,
+                    latency_growth=r.latency_growth) if base else []
+    regs = regressions(comps)
+    failed = any(st != "OK" for st in facts["stages"].values()) or bool(stage_errors)
+    status = "failed" if failed else "regressed" if regs else "passed"
+    hist.record({"name": facts["name"], "run_dir": str(Path(run_dir).resolve()),
+                 "time": now or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "git_commit": env.git_commit(), "config_hash": facts["config_hash"], "status": status,
+                 "baseline": base["name"] if base else None, "regressions": len(regs)},
+                [{**g, "latency_p50": g["latency"]["p50"] if g["latency"] else None, "size_bytes": g["bytes"]}
+                 for g in facts["gates"].values()])
+    label = f"{base['name']} ({how})" if base else how
+    junit = write_junit(Path(run_dir) / "junit.xml", facts, comps, stage_errors or {})
+    report = write_report(Path(run_dir), facts, comps, base, label, hist.trend(limit=30), status)
+    return {"facts": facts, "baseline": base, "baseline_label": label, "comparisons": comps,
+            "regressions": regs, "status": status, "junit": junit, "report": report}

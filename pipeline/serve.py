@@ -1,0 +1,285 @@
+"""`python -m pipeline serve BUNDLE`: an HTTP inference service (FastAPI + uvicorn) and its gate.
+
+GET  /health   status, model name, task, input shape, versions
+POST /predict  an image (multipart file, or a raw image/png|image/jpeg body) or JSON
+               {"inputs": [...]} holding a preprocessed float tensor [N,C,H,W] or [C,H,W];
+               `?outputs=1` also returns the raw model outputs (the server stage's gate uses them).
+Bad input is answered 400/413/415 with a message, never 500. Images go through the same
+pipeline.preprocess path as training, so served predictions cannot drift from the gated ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import socket
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+from fastapi import Request   # module level: FastAPI resolves the (string) annotations from globals
+
+from .errors import DataError, PipelineError
+
+log = logging.getLogger("pipeline.serve")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BATCH = 64
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg")
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES):
+    """App for a bundle folder or .tar.gz; every hash is checked before Paddle parses any file."""
+    from .bundle import load_infer_config, open_bundle, verify_hashes
+
+    scratch = tempfile.TemporaryDirectory(prefix="serve-bundle-")
+    folder = open_bundle(Path(bundle), Path(scratch.name))
+    manifest = verify_hashes(folder)
+    cfg = load_infer_config(folder)
+    app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
+                                max_body=max_body, name=manifest.get("name") or folder.name,
+                                versions=manifest.get("versions"))
+    app.state.scratch = scratch          # an extracted archive lives as long as the app
+    return app
+
+
+def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
+                          name: str | None = None, versions: dict | None = None):
+    """App for an exported model + the infer_config structure (used by the server stage before a bundle exists)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from . import env
+    from .engines.paddle_infer import InferenceEngine
+    from .tasks import get_task
+
+    for key in ("preprocess", "postprocess", "task", "input"):
+        if key not in infer_cfg:
+            raise DataError(f"infer config has no '{key}' section", hint="see stages/bundle.py infer_config()")
+    engine = InferenceEngine(model_prefix, "fp32", threads=threads or env.cpu_count())
+    task = get_task(infer_cfg["task"])
+    want = [d if isinstance(d, int) and d > 0 else None for d in infer_cfg["input"]["shape"]]
+    name = name or Path(model_prefix).parent.name
+    # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        pool.shutdown(wait=True)
+
+    app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    @app.middleware("http")
+    async def _latency(request: Request, call_next):
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        ms = (time.perf_counter() - t0) * 1e3
+        response.headers["X-Latency-ms"] = f"{ms:.3f}"
+        log.info("%s %s -> %d in %.2f ms", request.method, request.url.path, response.status_code, ms)
+        return response
+
+    @app.exception_handler(_BadRequest)
+    async def _bad(_request, exc: _BadRequest):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": name, "task": task.name, "input": infer_cfg["input"],
+                "versions": versions or env.versions()}
+
+    @app.post("/predict")
+    async def predict(request: Request):
+        x = await _read_input(request, infer_cfg, want, max_body)
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            out = await loop.run_in_executor(pool, engine.run, x)
+        except DataError as exc:             # shape/dtype the engine refused
+            raise _BadRequest(400, exc.one_line()) from None
+        infer_ms = (time.perf_counter() - t0) * 1e3
+        body = {"model": name, "task": task.name, "predictions": task.decode(out, infer_cfg["postprocess"]),
+                "inference_ms": round(infer_ms, 3)}
+        if request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
+            body["outputs"] = out.tolist()
+        return body
+
+    app.state.engine = engine
+    return app
+
+
+async def _read_body(request, max_body: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body:
+        raise _BadRequest(413, f"request body is {int(declared)} bytes; the limit is {max_body}")
+    chunks, size = [], 0
+    async for chunk in request.stream():        # chunked uploads have no content-length: count as we go
+        size += len(chunk)
+        if size > max_body:
+            raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int) -> np.ndarray:
+    from starlette.requests import Request
+
+    from .preprocess import decode_image_bytes, to_tensor
+
+    body = await _read_body(request, max_body)
+    if not body:
+        raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        return _json_tensor(body, want)
+    if ctype == "multipart/form-data":
+        async def replay():                      # the body was already read (size-capped) above
+            return {"type": "http.request", "body": body, "more_body": False}
+        try:
+            form = await Request(request.scope, replay).form(max_files=1, max_fields=4)
+        except Exception as exc:                 # malformed multipart of any kind is the client's fault
+            raise _BadRequest(400, f"malformed multipart body: {exc}") from None
+        files = [v for v in form.values() if hasattr(v, "read")]
+        if not files:
+            raise _BadRequest(400, "multipart body has no file part (send the image as field 'file')")
+        body = await files[0].read()
+        if not body:
+            raise _BadRequest(400, "the uploaded file is empty")
+    elif ctype not in IMAGE_TYPES:
+        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg, "
+                               "multipart/form-data or application/json")
+    try:
+        img = decode_image_bytes(body, infer_cfg["preprocess"])
+    except DataError as exc:
+        raise _BadRequest(400, exc.one_line()) from None
+    return to_tensor(img[None], infer_cfg["preprocess"])
+
+
+def _json_tensor(body: bytes, want: list) -> np.ndarray:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _BadRequest(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or "inputs" not in doc:
+        raise _BadRequest(400, "JSON body must be an object with an 'inputs' array")
+    try:
+        arr = np.asarray(doc["inputs"])
+    except ValueError:                           # numpy refuses ragged nesting
+        arr = np.asarray([], dtype=object)
+    if arr.dtype == object:
+        raise _BadRequest(400, "'inputs' must be a rectangular nested array of numbers")
+    if arr.dtype.kind not in "iuf" or arr.size == 0:
+        raise _BadRequest(400, f"'inputs' must hold numbers, got dtype {arr.dtype} with {arr.size} values")
+    if arr.ndim == len(want) - 1:
+        arr = arr[None]
+    shape_ok = arr.ndim == len(want) and all(w is None or g == w for g, w in zip(arr.shape, want))
+    if not shape_ok:
+        expect = ["N" if w is None else w for w in want]
+        raise _BadRequest(400, f"'inputs' shape {list(arr.shape)} does not match the model input {expect} "
+                               f"(or {expect[1:]} for one sample)")
+    if len(arr) > MAX_BATCH:
+        raise _BadRequest(400, f"batch of {len(arr)} exceeds the limit of {MAX_BATCH}")
+    arr = arr.astype(np.float32)
+    if not np.isfinite(arr).all():
+        raise _BadRequest(400, "'inputs' contains NaN or Inf")
+    return arr
+
+
+# ------------------------------------------------------------------------------------ running
+
+def free_port(host: str = "127.0.0.1") -> socket.socket:
+    """A bound listening socket on a kernel-chosen port (no race between picking and binding)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(64)
+    return sock
+
+
+class BackgroundServer:
+    """uvicorn in a daemon thread on a free local port; a context manager that always stops it."""
+
+    def __init__(self, app, host: str = "127.0.0.1", start_timeout: float = 30.0):
+        import uvicorn
+
+        self.sock = free_port(host)
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.start_timeout = start_timeout
+
+    def __enter__(self) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.time() + self.start_timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                self.__exit__(None, None, None)
+                raise PipelineError(f"HTTP server did not start on {self.url}", hint="see the log above")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads: int = 0) -> None:
+    import uvicorn
+
+    app = create_app(bundle, threads=threads)
+    log.info("serving %s on http://%s:%d (POST /predict, GET /health)", bundle, host, port)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _png(img: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labels: np.ndarray, task_name: str,
+              *, max_requests: int, threads: int = 0, timeout: float = 30.0) -> dict:
+    """Serve the model on a free 127.0.0.1 port, POST up to max_requests images as PNG (one per request),
+    score the returned raw outputs with the task's primary metric, and time every request end to end."""
+    import httpx
+
+    from .tasks import get_task
+
+    if images_uint8.ndim != 3 or images_uint8.dtype != np.uint8 or len(images_uint8) == 0:
+        raise DataError(f"http_gate needs uint8 images [N, H, W], got {images_uint8.dtype} {list(images_uint8.shape)}")
+    n = min(int(max_requests), len(images_uint8))
+    task = get_task(task_name)
+    bodies = [_png(img) for img in images_uint8[:n]]
+    app = create_app_from_model(model_prefix, infer_cfg, threads=threads)
+    outputs, times = [], []
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:
+        headers = {"content-type": "image/png"}
+        client.post("/predict", content=bodies[0], headers=headers)      # warm-up: first oneDNN run is slow
+        for body in bodies:
+            t0 = time.perf_counter()
+            r = client.post("/predict", params={"outputs": "1"}, content=body, headers=headers)
+            times.append((time.perf_counter() - t0) * 1e3)
+            if r.status_code != 200:
+                raise PipelineError(f"HTTP /predict answered {r.status_code}: {r.text[:200]}")
+            outputs.append(np.asarray(r.json()["outputs"], dtype=np.float32))
+    out = np.concatenate(outputs, axis=0)
+    metric = task.metrics(out, labels[:n])[task.primary_metric] if np.isfinite(out).all() else float("nan")
+    t = np.asarray(times)
+    latency = {"p50": float(np.percentile(t, 50)), "p90": float(np.percentile(t, 90)),
+               "p99": float(np.percentile(t, 99)), "mean": float(t.mean()), "repeats": int(len(t))}
+    return {"metric": float(metric), "metric_name": task.primary_metric, "outputs": out, "latency_ms": latency,
+            "n": n}

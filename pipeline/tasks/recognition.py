@@ -1,0 +1,165 @@
+"""Built-in task 2: invoice text-line recognition with a CTC-trained CRNN.
+
+Data: synthetic invoice lines (pipeline/data/textlines.py) or a user's PaddleOCR label
+file (pipeline/data/labelfile.py). Labels are int64 [N, max_len], class = charset index + 1,
+padded with -1; class 0 is the CTC blank. Outputs are logits [N, T, num_classes].
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..data.labelfile import load_charset, load_label_file
+from ..data.textlines import DEFAULT_CHARSET, load_or_render
+from ..errors import ConfigError, DataError
+from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
+                            seq_accuracy)
+from .base import Datasets, Split
+
+_SOURCES = ("synthetic", "folder")
+_DOWNSAMPLE = 4      # CRNN reduces the width by 4: T = width / 4 time steps
+
+
+def _check_geometry(cfg: dict) -> None:
+    height, width, max_len = int(cfg["height"]), int(cfg["width"]), int(cfg["max_len"])
+    if height < 8 or height % 8:
+        raise ConfigError(f"data.height must be a multiple of 8 for the CRNN, got {height}")
+    if width < _DOWNSAMPLE or width % _DOWNSAMPLE:
+        raise ConfigError(f"data.width must be a multiple of {_DOWNSAMPLE}, got {width}")
+    if max_len < 1:
+        raise ConfigError(f"data.max_len must be >= 1, got {max_len}")
+    steps = width // _DOWNSAMPLE
+    # CTC needs one step per character plus a blank between repeated characters ("00"),
+    # so the worst case is 2·max_len − 1 steps; fewer makes some labels unlearnable (inf loss).
+    if steps < 2 * max_len - 1:
+        raise ConfigError(f"data.width={width} gives {steps} CTC time steps, too few for "
+                          f"data.max_len={max_len} (need >= {2 * max_len - 1})",
+                          hint=f"raise data.width to at least {_DOWNSAMPLE * (2 * max_len - 1)} "
+                               "or lower data.max_len")
+
+
+def _split_fraction(images: np.ndarray, labels: list[str], fraction: float,
+                    seed: int) -> tuple[tuple[np.ndarray, list[str]], tuple[np.ndarray, list[str]]]:
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be between 0 and 1 (exclusive), got {fraction}",
+                          hint="or give a separate validation label file in data.val_path")
+    n_val = int(round(len(labels) * fraction))
+    if n_val < 1 or n_val >= len(labels):
+        raise DataError(f"{len(labels)} samples cannot be split with val_fraction={fraction} "
+                        "into non-empty train and validation sets",
+                        hint="add samples, change data.val_fraction, or set data.val_path")
+    order = np.random.default_rng(seed).permutation(len(labels))   # seeded: same split every run
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    pick = (lambda idx: (images[idx], [labels[i] for i in idx]))
+    return pick(train_idx), pick(val_idx)
+
+
+class RecognitionTask:
+    name = "recognition"
+    primary_metric = "seq_accuracy"
+
+    # ------------------------------------------------------------------ data
+    def load_data(self, data_cfg: dict, seed: int) -> Datasets:
+        cfg = data_cfg
+        _check_geometry(cfg)
+        height, width, max_len = int(cfg["height"]), int(cfg["width"]), int(cfg["max_len"])
+        charset = load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+        source = cfg["source"]
+        skipped = {"train": 0, "val": 0}
+        if source == "synthetic":
+            common = dict(height=height, width=width, max_len=max_len, fonts=list(cfg.get("fonts") or []),
+                          cache_dir=cfg.get("cache_dir"), charset=charset)
+            # different seeds: validation lines are never copies of training lines
+            train = load_or_render(int(cfg["num_train"]), seed, **common)
+            val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
+        elif source == "folder":
+            if not cfg.get("path"):
+                raise ConfigError("data.source is 'folder' but data.path (the label file) is empty")
+            read = dict(charset=charset, height=height, width=width, on_bad=cfg["on_bad_sample"],
+                        max_len=max_len)
+            images, labels, skipped["train"] = load_label_file(cfg["path"], **read)
+            if cfg.get("val_path"):
+                train = (images, labels)
+                vi, vl, skipped["val"] = load_label_file(cfg["val_path"], **read)
+                val = (vi, vl)
+            else:
+                train, val = _split_fraction(images, labels, float(cfg["val_fraction"]), seed)
+        else:
+            raise ConfigError(f"data.source must be one of {_SOURCES} for recognition, got {source!r}")
+        if len(train[1]) == 0 or len(val[1]) == 0:
+            raise DataError(f"recognition needs non-empty train and validation sets, got "
+                            f"{len(train[1])} and {len(val[1])} lines",
+                            hint="raise data.num_train / data.num_val")
+        info: dict[str, Any] = {"charset": charset, "max_len": max_len, "source": source,
+                                "height": height, "width": width, "num_classes": len(charset) + 1}
+        return Datasets(
+            train=Split(train[0], encode_labels(train[1], charset, max_len), skipped["train"]),
+            val=Split(val[0], encode_labels(val[1], charset, max_len), skipped["val"]),
+            info=info)
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, model_cfg: dict, info: dict):
+        name = model_cfg.get("name")
+        args = dict(model_cfg.get("args") or {})
+        num_classes = len(info["charset"]) + 1                # + the CTC blank
+        if name == "crnn":
+            from ..models.crnn import CRNN   # lazy: data-only users need not import paddle
+
+            args.setdefault("height", info.get("height", 32))   # the collapse conv depends on it
+            try:
+                return CRNN(num_classes=num_classes, **args)
+            except TypeError as exc:
+                raise ConfigError(f"bad model.args for crnn: {exc}",
+                                  hint="valid: in_channels, height, hidden, channels, head_layers, "
+                                       "head_kernel, dropout") from None
+        if isinstance(name, str) and ":" in name:
+            # a user's "package.module:callable"; it must return logits [N, T, num_classes]
+            from ..models.registry import build_user_model
+            return build_user_model(name, args, {"num_classes": num_classes})
+        raise ConfigError(f"model.name {name!r} is not a recognition model",
+                          hint="use model.name: crnn, or 'package.module:callable' returning a Layer "
+                               "with [N, T, num_classes] logits")
+
+    def loss(self, logits, labels):
+        import paddle
+        import paddle.nn.functional as F
+
+        # CTC stays FP32 even under AMP: its forward/backward run log-sum-exp recursions over
+        # T steps; in fp16 the per-step probabilities underflow to 0 (loss = inf) and the
+        # exponentials overflow, so the cast is not optional.
+        logits = paddle.cast(logits, "float32")
+        n, t = logits.shape[0], logits.shape[1]
+        label_lengths = paddle.sum(paddle.cast(labels >= 0, "int64"), axis=1)
+        # padding (-1) is ignored past label_lengths, but warpctc reads it as a class id: use 0
+        targets = paddle.cast(paddle.clip(labels, min=0), "int32")
+        input_lengths = paddle.full([n], t, dtype="int64")
+        # raw logits: paddle's warpctc applies the softmax itself; input must be [T, N, C]
+        return F.ctc_loss(paddle.transpose(logits, [1, 0, 2]), targets, input_lengths, label_lengths,
+                          blank=0, reduction="mean")
+
+    # ------------------------------------------------------------------ numpy side
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        # compared as class-index tuples: no charset needed, and identical to comparing strings
+        preds = [tuple(p) for p in ctc_greedy_decode(np.asarray(outputs))]
+        gts = [tuple(int(v) for v in row if v >= 0) for row in np.asarray(labels)]
+        return {"seq_accuracy": float(seq_accuracy(preds, gts)),
+                "char_accuracy": float(char_accuracy(preds, gts))}
+
+    def decode(self, outputs: np.ndarray, info: dict) -> list[str]:
+        return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
+
+    def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
+        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]), "channels": 1,
+                "mean": 0.5, "std": 0.5, "resize": "pad_right"}
+
+    def postprocess_spec(self, info: dict) -> dict:
+        return {"type": "ctc_greedy", "blank": 0, "charset": info["charset"]}
+
+
+def labels_to_strings(labels: np.ndarray, charset: str) -> list[str]:
+    """int64 [N, L] (-1 padded) → strings; handy for reports and tests."""
+    return decode_indices(labels, charset)
+
+
+__all__ = ["RecognitionTask", "labels_to_strings"]

@@ -1,0 +1,62 @@
+"""`python -m pipeline verify BUNDLE`: hashes first, then real runs on the bundled samples.
+
+Parameter files are parsed by Paddle, so nothing is loaded before every hash matched.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import load_infer_config, open_bundle, verify_hashes
+from .errors import IntegrityError
+from .preprocess import decode_image_bytes, to_tensor
+
+SAMPLE_ATOL = 1e-4
+
+
+def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(folder / "samples" / "expected.npz") as z:
+        files, expected = list(z["files"]), z["outputs"]
+    # the same decode → fit → normalise path `serve` uses for uploaded images
+    images = np.stack([decode_image_bytes((folder / f).read_bytes(), cfg["preprocess"]) for f in files])
+    return to_tensor(images, cfg["preprocess"]), expected
+
+
+def _check(name: str, out: np.ndarray, expected: np.ndarray) -> dict:
+    finite = bool(np.isfinite(out).all())
+    diff = float(np.abs(out - expected).max()) if finite and out.shape == expected.shape else float("inf")
+    return {"name": name, "observed": diff, "limit": SAMPLE_ATOL, "passed": diff <= SAMPLE_ATOL}
+
+
+def verify_bundle(path: Path, timeout: float = 120, threads: int = 0) -> dict:
+    from .engines import lite
+    from .engines.paddle_infer import InferenceEngine
+    from .env import cpu_count
+
+    with tempfile.TemporaryDirectory(prefix="bundle-verify-") as scratch:
+        folder = open_bundle(Path(path), Path(scratch))
+        manifest = verify_hashes(folder)
+        cfg = load_infer_config(folder)
+        x, expected = _samples(folder, cfg)
+        checks = [{"name": "sha256 of every file", "observed": 0.0, "limit": 0.0, "passed": True}]
+        eng = InferenceEngine(folder / "server" / "fp32" / "inference", "fp32", threads=threads or cpu_count())
+        checks.append(_check("server fp32 max_abs_diff on samples", eng.run(x), expected))
+        nb = folder / "mobile" / "x86_fp32.nb"
+        if nb.is_file():
+            out = lite.run(nb, x, expected_shape=cfg["input"]["shape"], timeout=timeout)
+            checks.append(_check("lite x86 fp32 max_abs_diff on samples", out, expected))
+        failed = [c for c in checks if not c["passed"]]
+        return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
+                "ok": not failed}
+
+
+def verify_or_raise(path: Path, timeout: float = 120) -> dict:
+    report = verify_bundle(path, timeout)
+    bad = [c for c in report["checks"] if not c["passed"]]
+    if bad:
+        c = bad[0]
+        raise IntegrityError(f"verify: {c['name']} = {c['observed']:.3g} > limit {c['limit']:g}",
+                             hint="the bundle's models no longer reproduce their sample outputs")
+    return report

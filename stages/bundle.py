@@ -1,0 +1,153 @@
+"""bundle: assemble a self-describing deployable folder + .tar.gz from the run's artifacts.
+
+Nothing here re-derives anything: files are copied from upstream stages, and every gate and
+precision is taken from their manifests. The bundle is built in the stage's temp folder, checked
+(hashes, then the FP32 model and the x86 .nb on the bundled samples), and only then published
+under bundle.root — never over an existing version.
+"""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from pipeline import env
+from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, replace_dir, write_json
+from pipeline.bundle import FORMAT_VERSION, write_archive
+from pipeline.config import ROOT
+from pipeline.errors import ConfigError
+from pipeline.gates import OK, Check, Gate
+from pipeline.runner import Stage, StageContext, StageResult
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def infer_config(info: dict, export_info: dict) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "task": info["task"],
+        "input": {"name": "x", "dtype": "float32", "shape": [None] + info["input_shape"][1:], "layout": "NCHW"},
+        "preprocess": info["preprocess"],
+        "postprocess": info["postprocess"],
+        "primary_metric": info["primary_metric"],
+        "models": export_info,
+    }
+
+
+def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels: np.ndarray) -> list[str]:
+    names = []
+    for i, img in enumerate(images):
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG")
+        name = f"samples/{i:03d}.png"
+        atomic_write_bytes(folder / name, buf.getvalue())
+        names.append(name)
+    buf = io.BytesIO()
+    np.savez(buf, outputs=outputs, labels=labels, files=np.array(names))
+    atomic_write_bytes(folder / "samples" / "expected.npz", buf.getvalue())
+    return names
+
+
+def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict) -> str:
+    lines = [f"# {name}", "", f"Task: **{info['task']}**, input {info['input_shape'][1:]} (NCHW, float32), "
+             f"primary metric **{info['primary_metric']}**.", "",
+             "## Gates (every artifact in this bundle passed these)", "",
+             "| stage | checked | precision (effective) | metric | value | verdict |", "|---|---|---|---|---|---|"]
+    for g in gates:
+        v = "" if g.get("value") is None else f"{g['value']:.4f}"
+        lines.append(f"| {g['stage']} | {g['subject']} | {g['precision_effective']} | {g['metric']} | {v} | "
+                     f"{g['status']}{(': ' + g['reason']) if g['status'] == 'SKIPPED' else ''} |")
+    lines += ["", "## Files", ""] + [f"- `{k}` ({v['bytes']:,} bytes)" for k, v in files.items()]
+    lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
+    lines += ["", "Verify before use: `python -m pipeline verify <this folder or .tar.gz>`.",
+              "Only the x86 FP32 `.nb` was executed here; ARM and quantized `.nb` files are converted, "
+              "not executed (no ARM device), and their accuracy is vouched for by the Paddle Inference rows.", ""]
+    return "\n".join(lines)
+
+
+def run(ctx: StageContext) -> StageResult:
+    cfg = ctx.cfg
+    export_dir, server_dir, lite_dir = ctx.inputs["export"], ctx.inputs["server"], ctx.inputs["lite"]
+    info = json.loads((export_dir / "info.json").read_text())
+    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    name = f"{cfg.run.name}-{version}"
+    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
+    published = root / name
+    if published.exists():
+        raise ConfigError(f"bundle {published} already exists; bundles are never overwritten",
+                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
+    t0 = time.perf_counter()
+    b = ctx.out_dir / name
+    models = {"fp32": "server/fp32/inference"}
+    _copy(export_dir / "inference.pdmodel", b / "server/fp32/inference.pdmodel")
+    _copy(export_dir / "inference.pdiparams", b / "server/fp32/inference.pdiparams")
+    for prec_dir in sorted((server_dir / "models").glob("*")) if (server_dir / "models").is_dir() else []:
+        for f in prec_dir.glob("*.pd*"):
+            _copy(f, b / "server" / prec_dir.name / f.name)
+        models[prec_dir.name] = f"server/{prec_dir.name}/model"
+    for nb in sorted(lite_dir.glob("*.nb")):
+        _copy(nb, b / "mobile" / nb.name)
+        models[f"lite_{nb.stem}"] = f"mobile/{nb.name}"
+
+    with np.load(export_dir / "reference.npz") as z:
+        k = min(cfg.bundle.samples, len(z["labels"]))
+        write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(info, models), sort_keys=False))
+
+    gates = [g for stage in ("train", "export", "server", "lite") for g in ctx.input_manifests[stage]["gates"]]
+    precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in ("train", "export", "server", "lite")}
+    versions = env.versions()
+    files = describe_files(b)
+    atomic_write_text(b / "MODEL_CARD.md", model_card(name, info, gates, versions, files))
+    files = describe_files(b)
+    manifest = {
+        "format_version": FORMAT_VERSION, "name": name, "version": version,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "task": info["task"], "files": files, "versions": versions, "git_commit": env.git_commit(),
+        "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
+        "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
+    }
+    write_json(b / "manifest.json", manifest)
+
+    from pipeline.verify import verify_bundle            # hashes first, then real runs on the samples
+    report = verify_bundle(b, timeout=cfg.lite.timeout)
+    gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
+                checks=[Check(c["name"], c["observed"], c["limit"], "<=", c["passed"]) for c in report["checks"]])
+    gate.status = OK if all(c.passed for c in gate.checks) else "FAIL"
+    gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
+    if cfg.bundle.archive:
+        write_archive(b, ctx.out_dir / f"{name}.tar.gz")
+    gate.seconds = round(time.perf_counter() - t0, 2)
+    if gate.status == OK:
+        publish(ctx.out_dir, name, root, cfg.bundle.archive)
+    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+                       metrics={"files": len(files), "bytes": sum(f["bytes"] for f in files.values())},
+                       info={"bundle": str(published), "archive": str(published) + ".tar.gz" if cfg.bundle.archive
+                             else None, "name": name})
+
+
+def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
+    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out_dir / name, tmp)
+    replace_dir(tmp, root / name)
+    if archive:
+        tmp_tar = root / f".tmp-{name}.tar.gz"
+        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
+        tmp_tar.replace(root / f"{name}.tar.gz")
+
+
+STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
+              make_target="deploy", run=run, description="self-describing bundle, verified and published")

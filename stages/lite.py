@@ -1,0 +1,115 @@
+"""lite: Paddle Lite `opt` → arm .nb files (+ an x86 fp32 .nb that is run and gated here).
+
+Every opt run and every Lite run happens in a subprocess (Lite aborts the process on bad input);
+a crash becomes a FAIL row with the signal and the child's last stderr lines, and the other rows
+still run. ARM and quantized .nb files are "converted, not executed": on x86 they would run
+and print garbage, so their accuracy is vouched for by the Paddle Inference rows instead.
+Writes: arm_<precision>.nb, x86_fp32.nb, lite.json (sizes, repairs, ops).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+
+from pipeline.artifacts import write_json
+from pipeline.errors import PipelineError
+from pipeline.gates import FAIL, OK, Gate, evaluate, skipped
+from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.tasks import get_task
+
+log = logging.getLogger("pipeline")
+
+
+def _source(ctx, precision: str):
+    """(model, params) to convert: the PTQ model for int8, the exported FP32 program otherwise."""
+    if precision == "int8":
+        qdir = ctx.inputs["server"] / "models" / "int8"
+        if not (qdir / "model.pdmodel").is_file():
+            return None
+        return qdir / "model.pdmodel", qdir / "model.pdiparams"
+    exp = ctx.inputs["export"]
+    return exp / "inference.pdmodel", exp / "inference.pdiparams"
+
+
+def _int8_gate_passed(ctx) -> bool:
+    return any(g["subject"] == "paddle-inference int8" and g["status"] == OK
+               for g in ctx.input_manifests["server"]["gates"])
+
+
+def run(ctx: StageContext) -> StageResult:
+    from pipeline.engines import lite
+    from pipeline.engines.program_repair import list_ops
+
+    cfg, lc = ctx.cfg, ctx.cfg.lite
+    exp = ctx.inputs["export"]
+    info = json.loads((exp / "info.json").read_text())
+    task = get_task(info["task"])
+    with np.load(exp / "reference.npz") as z:
+        x, labels, ref_out = z["inputs"], z["labels"], z["outputs"]
+    ref_metric = task.metrics(ref_out, labels)[task.primary_metric]
+    ops = list_ops(exp / "inference.pdmodel")
+    gates, files, sizes = [], {}, {}
+
+    def convert_row(target: str, precision: str) -> Gate | None:
+        subject = f"lite {target} {precision}"
+        if precision == "int8" and not _int8_gate_passed(ctx):
+            return skipped("lite", subject, precision, task.primary_metric,
+                           "no INT8 model that passed its Paddle Inference gate (server int8 row)")
+        src = _source(ctx, precision)
+        if src is None:
+            return skipped("lite", subject, precision, task.primary_metric, "server stage made no INT8 model")
+        missing = lite.unsupported_ops(ops, target)
+        if missing:
+            return Gate("lite", subject, precision, "none", task.primary_metric, status=FAIL,
+                        reason=f"ops not supported by Lite on {target}: {', '.join(missing)}")
+        t0 = time.perf_counter()
+        try:
+            res = lite.convert(src[0], src[1], ctx.out_dir / f"{target}_{precision}", target=target,
+                               precision=precision, timeout=lc.timeout)
+        except lite.Unsupported as exc:
+            return skipped("lite", subject, precision, task.primary_metric, exc.message)
+        except PipelineError as exc:
+            return Gate("lite", subject, precision, "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+        sizes[(target, precision)] = res.size_bytes
+        files[res.path.name] = {"bytes": res.size_bytes, "precision_effective": res.precision_effective,
+                                "notes": res.notes}
+        g = Gate("lite", subject, precision, res.precision_effective, task.primary_metric,
+                 seconds=round(time.perf_counter() - t0, 2),
+                 extra={"file": res.path.name, "bytes": res.size_bytes, "notes": res.notes})
+        if not lite.fp32_nb_runs_correctly_here(target, res.precision_effective):
+            g.reason = "converted, not executed (no device for this target here)"
+        return g
+
+    for precision in lc.arm:
+        log.info("[lite] arm %s", precision)
+        gates.append(convert_row("arm", precision))
+
+    if lc.verify_x86:
+        log.info("[lite] x86 fp32 (run and gated)")
+        g = convert_row("x86", "fp32")
+        if g.status == OK:
+            try:
+                out = lite.run(ctx.out_dir / "x86_fp32.nb", x, expected_shape=info["input_shape"],
+                               timeout=lc.timeout)
+                value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
+                g.reference = ref_metric
+                evaluate(g, out, ref_out, lc.gate.atol, value, lc.gate.metric_delta)
+                g.reason = "executed on the validation slice"
+            except PipelineError as exc:
+                g.status, g.reason = FAIL, exc.one_line()
+        gates.append(g)
+
+    fp32 = sizes.get(("arm", "fp32"))
+    for g in gates:
+        if fp32 and "bytes" in g.extra:
+            g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / fp32, 3)
+    write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": files})
+    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
+                       metrics={g.subject: g.extra.get("bytes") for g in gates}, info={"ops": ops})
+
+
+STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
+              description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -1,0 +1,152 @@
+"""server: Paddle Inference precision matrix, each row gated against the FP32 export.
+
+Rows: fp32 (oneDNN + IR), fp16 (real on a GPU build; emulated on CPU, labelled so), bf16 (only
+where the CPU really has bf16; else SKIPPED — Paddle would silently run fp32), int8 (PaddleSlim
+PTQ run with oneDNN INT8). Every row that runs also gets latency/throughput figures.
+Writes: models/int8 (and models/fp16 on GPU) for the bundle, perf.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+
+from pipeline import env
+from pipeline.artifacts import write_json
+from pipeline.errors import PipelineError
+from pipeline.gates import FAIL, Gate, evaluate, skipped
+from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.tasks import get_task
+
+log = logging.getLogger("pipeline")
+
+
+def _threads(cfg) -> int:
+    return cfg.server.threads or env.cpu_count()
+
+
+def _perf(engine, x: np.ndarray, pc) -> dict:
+    from pipeline.engines import perf
+
+    one = x[:1]
+    batch = np.concatenate([x] * (pc.batch_size // len(x) + 1))[:pc.batch_size]
+    lat = perf.latency_ms(engine.run, one, warmup=pc.warmup, repeats=pc.repeats)
+    sps = perf.throughput(engine.run, batch, warmup=max(1, pc.warmup // 2), repeats=max(3, pc.repeats // 5))
+    return {"latency_ms": lat, "throughput_sps": sps, "throughput_batch": pc.batch_size}
+
+
+def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
+    t0 = time.perf_counter()
+    out = engine.run_batched(x, 64)
+    value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
+    gate = Gate("server", f"paddle-inference {name}", requested, engine.effective_precision,
+                task.primary_metric, reference=ref_metric)
+    evaluate(gate, out, ref_out, tol.atol, value, tol.metric_delta)
+    gate.extra.update(_perf(engine, x, ctx.cfg.server.perf))
+    gate.extra["notes"] = list(engine.notes)
+    gate.seconds = round(time.perf_counter() - t0, 2)
+    return gate
+
+
+def _device(cfg) -> str:
+    caps = env.capabilities()
+    if cfg.server.device == "gpu" and not caps["gpu"]:
+        raise PipelineError("server.device is 'gpu' but Paddle sees no GPU", hint="use server.device=auto")
+    return "gpu" if cfg.server.device in ("auto", "gpu") and caps["gpu"] else "cpu"
+
+
+def run(ctx: StageContext) -> StageResult:
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.engines import perf, quant
+
+    cfg, sc = ctx.cfg, ctx.cfg.server
+    exp = ctx.inputs["export"]
+    info = json.loads((exp / "info.json").read_text())
+    task = get_task(info["task"])
+    with np.load(exp / "reference.npz") as z:
+        x, labels, ref_out = z["inputs"], z["labels"], z["outputs"]
+    with np.load(ctx.inputs["train"] / "calib.npz") as z:
+        calib = z["inputs"]
+    ref_metric = task.metrics(ref_out, labels)[task.primary_metric]
+    prefix = str(exp / "inference")
+    device, threads = _device(cfg), _threads(cfg)
+    common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
+    gates: list[Gate] = []
+    info_out: dict = {"device": device, "threads": threads}
+
+    for prec in sc.precisions:
+        tol = sc.gates[prec]
+        log.info("[server] %s row", prec)
+        try:
+            if prec == "fp32":
+                eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
+                gates.append(_row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, tol, "fp32"))
+            elif prec == "fp16":
+                if device == "gpu":
+                    out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model")
+                    eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, **common)
+                else:   # not deployable: an accuracy preview of fp16 rounding, kept out of models/
+                    emu = ctx.work_dir / "fp16_emulated" / "model"
+                    emu_info = pi.make_fp16_emulated(prefix, emu)
+                    eng = pi.InferenceEngine(emu, "fp16", **common)
+                    info_out["fp16_emulation"] = emu_info
+                gates.append(_row(ctx, task, "fp16", eng, x, ref_out, labels, ref_metric, tol, "fp16"))
+            elif prec == "bf16":
+                ok, why = pi.bf16_status()
+                if not ok:
+                    gates.append(skipped("server", "paddle-inference bf16", "bf16", task.primary_metric, why))
+                    continue
+                eng = pi.InferenceEngine(prefix, "bf16", **common)
+                gates.append(_row(ctx, task, "bf16", eng, x, ref_out, labels, ref_metric, tol, "bf16"))
+            elif prec == "int8":
+                gates.append(_int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common))
+        except PipelineError as exc:
+            g = Gate("server", f"paddle-inference {prec}", prec, "none", task.primary_metric, status=FAIL,
+                     reason=exc.one_line())
+            gates.append(g)
+
+    peak = perf.matmul_peak_gflops(threads=threads)
+    macs = perf.program_macs(prefix, batch=1)
+    for g in gates:
+        sps = g.extra.get("throughput_sps")
+        if sps:
+            g.extra["gflops"] = round(2 * macs * sps / 1e9, 2)
+            g.extra["fraction_of_peak"] = round(g.extra["gflops"] / peak, 3) if peak else None
+    info_out.update({"macs_per_sample": macs, "matmul_peak_gflops": round(peak, 1)})
+    write_json(ctx.out_dir / "perf.json", {"peak_gflops": peak, "macs": macs,
+                                           "rows": {g.subject: g.extra for g in gates}})
+    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
+                       metrics={g.subject: g.value for g in gates}, info=info_out)
+
+
+def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common) -> Gate:
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.engines import quant
+
+    q = ctx.cfg.server.quant
+    out_dir = ctx.out_dir / "models" / "int8"
+    qprefix = quant.quantize_ptq(prefix, out_dir, calib, algo=q.algo, batch_size=q.batch_size,
+                                 batch_nums=q.batch_nums, onnx_format=q.onnx_format, skip_tensor_list=q.skip or None)
+    eng = pi.InferenceEngine(qprefix, "int8", **common)
+    gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, tol, "int8")
+    gate.extra["ptq"] = {"algo": q.algo, "calibration_samples": int(min(len(calib), q.batch_size * q.batch_nums)),
+                         "skipped_layers": list(q.skip)}
+    if gate.status == FAIL and q.sensitivity_on_fail:
+        log.info("[server] int8 gate failed: ranking layers by accuracy impact (quant.sensitivity_on_fail)")
+
+        def score(p: str) -> float:
+            e = pi.InferenceEngine(p, "int8" if p != prefix else "fp32", **common)
+            return task.metrics(e.run_batched(x, 64), labels)[task.primary_metric]
+
+        rows = quant.int8_sensitivity(prefix, ctx.work_dir / "sensitivity", calib, score, algo=q.algo,
+                                      batch_size=q.batch_size, batch_nums=q.batch_nums, fp32_metric=ref_metric)
+        gate.extra["sensitivity"] = rows
+        worst = ", ".join(f"{r['layer']} (-{r['drop']:.3f})" for r in rows[:3])
+        gate.reason += f"; most sensitive layers: {worst} — add them to server.quant.skip"
+    return gate
+
+
+STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
+              run=run, description="Paddle Inference fp32/fp16/bf16/int8 matrix with gates and latency")

@@ -1,0 +1,94 @@
+"""Integration: the whole chain on the smoke config, through the CLI, as users run it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifacts import sha256_file
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def cli(*args, env_extra=None, check=False):
+    env = {**os.environ, **(env_extra or {})}
+    res = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                         env=env, timeout=900)
+    if check and res.returncode != 0:
+        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    args = ["-c", "configs/smoke.yaml", "-o", f"run.root={root}", "-o", f"bundle.root={root}/bundles"]
+    res = cli("run", "all", *args, check=True)
+    return root / "smoke", root / "bundles", args, res
+
+
+def test_every_gate_passed(smoke_run):
+    run_dir, _, _, res = smoke_run
+    for stage in ("train", "export", "server", "lite", "bundle"):
+        man = json.loads((run_dir / stage / "manifest.json").read_text())
+        assert man["status"] == "OK", stage
+        assert man["gates"], stage
+        for g in man["gates"]:
+            assert g["status"] in ("OK", "SKIPPED"), g
+            if g["status"] == "SKIPPED":
+                assert g["reason"], g
+        for rel, meta in man["outputs"].items():
+            assert sha256_file(run_dir / stage / rel) == meta["sha256"]
+    assert "verdict" in res.stdout                      # the summary table printed
+
+
+def test_precision_is_honest_on_cpu(smoke_run):
+    run_dir = smoke_run[0]
+    train = json.loads((run_dir / "train" / "manifest.json").read_text())
+    assert train["precision"]["requested"] == "float16/O1" and train["precision"]["effective"] == "float32"
+    server = json.loads((run_dir / "server" / "manifest.json").read_text())
+    effective = {g["subject"]: g["precision_effective"] for g in server["gates"]}
+    assert effective["paddle-inference fp16"] == "fp16-emulated"
+    assert effective["paddle-inference int8"] == "int8"
+    bf16 = next(g for g in server["gates"] if g["subject"] == "paddle-inference bf16")
+    assert bf16["status"] == "SKIPPED" and "bf16" in bf16["reason"]
+
+
+def test_bundle_files_match_manifest(smoke_run):
+    _, bundles, _, _ = smoke_run
+    [bundle] = [p for p in bundles.iterdir() if p.is_dir()]
+    man = json.loads((bundle / "manifest.json").read_text())
+    for rel, meta in man["files"].items():
+        assert sha256_file(bundle / rel) == meta["sha256"], rel
+    for required in ("server/fp32/inference.pdmodel", "mobile/x86_fp32.nb", "mobile/arm_fp32.nb",
+                     "infer_config.yaml", "MODEL_CARD.md", "samples/expected.npz"):
+        assert required in man["files"], required
+    assert (bundles / f"{bundle.name}.tar.gz").is_file()
+    assert {"python", "paddlepaddle", "paddlelite", "paddleslim"} <= set(man["versions"])
+
+
+def test_rerun_is_cached(smoke_run):
+    run_dir, _, args, _ = smoke_run
+    res = cli("run", "all", *args, check=True)
+    assert res.stderr.count("up to date") == 5
+
+
+def test_impossible_tolerance_fails_loudly_and_keeps_outputs(smoke_run):
+    run_dir, _, args, _ = smoke_run
+    before = (run_dir / "export" / "manifest.json").read_text()
+    res = cli("run", "server", *args, "-o", "server.gates.fp16.atol=1e-12", "-o", "server.precisions=[fp32,fp16]")
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "server" in errors[0] and "max_abs_diff" in errors[0] and "1e-12" in errors[0]
+    assert "Traceback" not in res.stderr
+    assert (run_dir / "export" / "manifest.json").read_text() == before
+    assert (run_dir / "server" / "manifest.json").is_file()          # last good server output kept
+    assert (run_dir / "server.failed" / "manifest.json").is_file()   # evidence of the failed attempt
+
+
+def test_missing_input_names_the_target(tmp_path):
+    res = cli("run", "export", "-c", "configs/smoke.yaml", "-o", f"run.root={tmp_path}")
+    assert res.returncode != 0 and "make train" in res.stderr and "Traceback" not in res.stderr

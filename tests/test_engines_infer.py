@@ -1,0 +1,149 @@
+"""Paddle Inference engine, fp16 emulation, PTQ int8 and MAC counting on a tiny CNN (fast: < 60 s)."""
+import zlib  # noqa: F401  (before paddle)
+
+import numpy as np
+import paddle
+import pytest
+
+from pipeline.engines.paddle_infer import (InferenceEngine, bf16_status, make_fp16_emulated, program_input_shape,
+                                           program_ops)
+from pipeline.engines.perf import latency_ms, program_macs, throughput
+from pipeline.engines.quant import quantizable_layers, quantize_ptq
+from pipeline.errors import ConfigError, DataError, PipelineError
+
+N_CLASSES = 36
+
+
+class TinyNet(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = paddle.nn.Conv2D(1, 8, 3, padding=1, bias_attr=False), paddle.nn.BatchNorm2D(8)
+        self.c2, self.b2 = paddle.nn.Conv2D(8, 16, 3, padding=1, bias_attr=False), paddle.nn.BatchNorm2D(16)
+        self.pool, self.fc = paddle.nn.MaxPool2D(2), paddle.nn.Linear(16 * 8 * 8, N_CLASSES)
+
+    def forward(self, x):
+        x = self.pool(paddle.nn.functional.relu(self.b1(self.c1(x))))
+        x = self.pool(paddle.nn.functional.relu(self.b2(self.c2(x))))
+        return self.fc(paddle.flatten(x, 1))
+
+
+def structured(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class oriented gratings plus noise: images a classifier can separate (not white noise)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:32, 0:32] / 31.0
+    labels = rng.integers(0, N_CLASSES, n)
+    ang, freq = labels % 6 * np.pi / 6, 2 + labels // 6
+    phase = rng.uniform(0, 2 * np.pi, n)
+    arg = (np.cos(ang)[:, None, None] * xx + np.sin(ang)[:, None, None] * yy) * freq[:, None, None] * 2 * np.pi
+    x = np.sin(arg + phase[:, None, None]) + 0.2 * rng.standard_normal((n, 32, 32))
+    return x[:, None].astype(np.float32), labels
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Trained briefly so logits have real margins (argmax agreement is then meaningful)."""
+    paddle.seed(0)
+    net = TinyNet()
+    opt = paddle.optimizer.Adam(learning_rate=3e-3, parameters=net.parameters())
+    x, y = structured(512, 0)
+    for step in range(40):
+        i = np.arange(step * 64, step * 64 + 64) % len(x)
+        loss = paddle.nn.functional.cross_entropy(net(paddle.to_tensor(x[i])), paddle.to_tensor(y[i]))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+    net.eval()
+    d = tmp_path_factory.mktemp("tiny")
+    prefix = str(d / "model")
+    paddle.jit.save(net, prefix, input_spec=[paddle.static.InputSpec([None, 1, 32, 32], "float32", "x")])
+    return {"net": net, "prefix": prefix, "dir": d, "val": structured(256, 1)[0], "calib": structured(128, 2)[0]}
+
+
+def test_program_helpers(tiny):
+    assert program_input_shape(tiny["prefix"]) == [-1, 1, 32, 32]
+    ops = program_ops(tiny["prefix"])
+    assert ops[0] == "feed" and ops[-1] == "fetch" and "conv2d" in ops
+    assert quantizable_layers(tiny["prefix"]) == ["conv2d_0.w_0", "conv2d_1.w_0", "linear_0.w_0"]
+
+
+def test_fp32_matches_dygraph(tiny):
+    eng = InferenceEngine(tiny["prefix"], precision="fp32")
+    x = tiny["val"][:32]
+    ref = tiny["net"](paddle.to_tensor(x)).numpy()
+    out = eng.run(x)
+    assert eng.effective_precision == "fp32" and out.shape == (32, N_CLASSES)
+    assert np.abs(out - ref).max() < 1e-4
+    assert np.abs(eng.run_batched(tiny["val"], 100) - eng.run(tiny["val"])).max() < 1e-4
+
+
+def test_fp16_emulated_close_but_not_equal(tiny):
+    out_prefix = str(tiny["dir"] / "fp16" / "model")
+    info = make_fp16_emulated(tiny["prefix"], out_prefix)
+    assert paddle.in_dynamic_mode()
+    assert info["label"] == "fp16-emulated" and info["casts_inserted"] > 0 and info["params_rounded"] > 0
+    fp32, emu = InferenceEngine(tiny["prefix"]), InferenceEngine(out_prefix, precision="fp16")
+    assert emu.effective_precision == "fp16-emulated"
+    assert (emu.input_name, emu.output_name) == (fp32.input_name, fp32.output_name)
+    a, b = fp32.run(tiny["val"]), emu.run(tiny["val"])
+    assert a.shape == b.shape
+    diff, scale = float(np.abs(a - b).max()), float(np.abs(a).max())
+    # Non-zero proves the rounding really happens. The bound scales with the logits: fp16 output
+    # rounding alone is 2^-11 relative (~0.005 at |logit| 10, which this trained net reaches).
+    assert 0 < diff < 0.05 * max(1.0, scale), (diff, scale)
+    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.98
+
+
+def test_bf16_and_fp16_refused_honestly(tiny):
+    ok, reason = bf16_status()
+    if ok:
+        pytest.skip(f"this CPU supports bf16: {reason}")
+    assert "bf16" in reason
+    with pytest.raises(PipelineError, match="bf16"):
+        InferenceEngine(tiny["prefix"], precision="bf16")
+    with pytest.raises(PipelineError, match="GPU"):  # real fp16 predictor needs CUDA
+        InferenceEngine(tiny["prefix"], precision="fp16")
+    with pytest.raises(ConfigError):
+        InferenceEngine(tiny["prefix"], precision="fp8")
+
+
+def test_int8_ptq_agrees_with_fp32(tiny):
+    q = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8", tiny["calib"], algo="hist", batch_size=32, batch_nums=4)
+    assert q.endswith("model") and paddle.in_dynamic_mode()
+    assert any("quantize" in t for t in program_ops(q))
+    eng = InferenceEngine(q, precision="int8")
+    assert eng.effective_precision == "int8" and eng.int8_quantized
+    fp32 = InferenceEngine(tiny["prefix"])
+    ref, out = fp32.run(tiny["val"]), eng.run(tiny["val"])
+    agree = float((ref.argmax(1) == out.argmax(1)).mean())
+    assert agree >= 0.9, (agree, eng.notes)
+    with pytest.raises(ConfigError):
+        quantize_ptq(tiny["prefix"], tiny["dir"] / "bad", tiny["calib"], algo="min_max")
+    with pytest.raises(PipelineError, match="quantize"):  # int8 needs a quant model
+        InferenceEngine(tiny["prefix"], precision="int8")
+
+
+@pytest.mark.parametrize("bad", [
+    np.zeros((2, 1, 32, 32), np.float64),   # dtype
+    np.zeros((2, 32, 32), np.float32),      # rank
+    np.zeros((2, 3, 32, 32), np.float32),   # channels
+    np.zeros((0, 1, 32, 32), np.float32),   # empty batch
+])
+def test_bad_input_raises_data_error(tiny, bad):
+    with pytest.raises(DataError):
+        InferenceEngine(tiny["prefix"]).run(bad)
+
+
+def test_program_macs_matches_paddle_flops(tiny):
+    # paddle.flops adds 2*numel per BatchNorm; zero it so both count only conv/linear MACs.
+    zero = {paddle.nn.BatchNorm2D: lambda m, x, y: None}
+    ref = paddle.flops(tiny["net"], [1, 1, 32, 32], custom_ops=zero, print_detail=False)
+    macs = program_macs(tiny["prefix"], batch=1)
+    assert abs(macs - ref) / ref < 0.05, (macs, ref)
+    assert program_macs(tiny["prefix"], batch=4) == 4 * macs
+
+
+def test_perf_helpers_report_sane_numbers(tiny):
+    eng = InferenceEngine(tiny["prefix"])
+    lat = latency_ms(eng.run, tiny["val"][:1], warmup=2, repeats=10)
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] and lat["mean"] > 0
+    assert throughput(eng.run, tiny["val"][:16], warmup=1, repeats=3) > 0

@@ -1,0 +1,203 @@
+"""HTTP service: health, predictions that match the model, and 4xx (never 500) for bad requests.
+
+Fast tests use a tiny randomly initialised CNN exported with jit.save (seconds, no training);
+the slow ones serve a real smoke bundle and run http_gate against it.
+"""
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+H = W = 16
+LABELS = list("0123456789")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    import paddle
+    from paddle.static import InputSpec
+
+    from pipeline.models.small_cnn import SmallCNN
+
+    paddle.seed(0)
+    model = SmallCNN(len(LABELS), height=H, width=W, channels=(4, 8, 8), hidden=16)
+    model.eval()
+    prefix = tmp_path_factory.mktemp("tiny") / "inference"
+    spec = [InputSpec([None, 1, H, W], "float32", "x")]
+    paddle.jit.save(paddle.jit.to_static(model, input_spec=spec), str(prefix), input_spec=spec)
+    infer_cfg = {"task": "classification", "input": {"name": "x", "dtype": "float32", "shape": [None, 1, H, W]},
+                 "preprocess": {"height": H, "width": W, "channels": 1, "mean": 0.5, "std": 0.5, "resize": "stretch"},
+                 "postprocess": {"type": "softmax_argmax", "labels": LABELS}}
+    return str(prefix), infer_cfg
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serve import create_app_from_model
+
+    app = create_app_from_model(*tiny_model, max_body=64 * 1024)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def _png(img: np.ndarray, fmt="PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _images(n=3):
+    return np.random.default_rng(1).integers(0, 256, size=(n, H, W), dtype=np.uint8)
+
+
+def test_health(client):
+    r = client.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and body["task"] == "classification"
+    assert "paddlepaddle" in body["versions"]
+
+
+def test_png_prediction_matches_the_model(client, tiny_model):
+    from pipeline.engines.paddle_infer import InferenceEngine
+    from pipeline.preprocess import to_tensor
+
+    img = _images(1)
+    want = InferenceEngine(tiny_model[0], "fp32", threads=1).run(to_tensor(img, tiny_model[1]["preprocess"]))
+    for kwargs in ({"content": _png(img[0]), "headers": {"content-type": "image/png"}},
+                   {"files": {"file": ("x.png", _png(img[0]), "image/png")}}):
+        r = client.post("/predict?outputs=1", **kwargs)
+        assert r.status_code == 200, r.text
+        got = np.asarray(r.json()["outputs"], dtype=np.float32)
+        assert np.abs(got - want).max() < 1e-4
+        assert r.json()["predictions"][0]["label"] == LABELS[int(want.argmax())]
+        assert "x-latency-ms" in r.headers
+
+
+def test_jpeg_and_json_inputs(client, tiny_model):
+    from pipeline.preprocess import to_tensor
+
+    r = client.post("/predict", content=_png(_images(1)[0], "JPEG"), headers={"content-type": "image/jpeg"})
+    assert r.status_code == 200 and len(r.json()["predictions"]) == 1
+    x = to_tensor(_images(2), tiny_model[1]["preprocess"])
+    r = client.post("/predict", json={"inputs": x.tolist()})
+    assert r.status_code == 200 and len(r.json()["predictions"]) == 2
+    r = client.post("/predict", json={"inputs": x[0].tolist()})         # one sample [C, H, W]
+    assert r.status_code == 200 and len(r.json()["predictions"]) == 1
+
+
+@pytest.mark.parametrize("kwargs,status,words", [
+    ({"content": b"definitely not a png", "headers": {"content-type": "image/png"}}, 400, "image"),
+    ({"files": {"file": ("x.png", b"GIF89a nonsense", "image/png")}}, 400, "image"),
+    ({"files": {"other": (None, "text field only")}}, 400, "file"),
+    ({"content": b"", "headers": {"content-type": "image/png"}}, 400, "empty"),
+    ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, "content-type"),
+    ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "JSON"),
+    ({"json": {"x": 1}}, 400, "inputs"),
+    ({"json": {"inputs": [[1.0, 2.0], [3.0]]}}, 400, "rectangular"),
+    ({"json": {"inputs": np.zeros((1, 3, H, W)).tolist()}}, 400, "shape"),
+    ({"json": {"inputs": np.zeros((H, W)).tolist()}}, 400, "shape"),
+    ({"json": {"inputs": [[["a"] * W] * H]}}, 400, "numbers"),
+    ({"json": {"inputs": [[[True] * W] * H]}}, 400, "numbers"),
+    ({"json": {"inputs": []}}, 400, "numbers"),
+    ({"json": {"inputs": np.zeros((65, 1, H, W)).tolist()}}, 413, "limit"),   # > 64 KiB test limit
+    ({"content": b"\x89PNG" + b"0" * (70 * 1024), "headers": {"content-type": "image/png"}}, 413, "limit"),
+])
+def test_bad_requests_get_4xx_with_a_message(client, kwargs, status, words):
+    r = client.post("/predict", **kwargs)
+    assert r.status_code == status, r.text
+    assert words.lower() in r.json()["error"].lower()
+
+
+def test_chunked_oversized_body_is_413(client):
+    def gen():                                           # no content-length: the stream itself is capped
+        for _ in range(20):
+            yield b"0" * 8192
+    r = client.post("/predict", content=gen(), headers={"content-type": "image/png"})
+    assert r.status_code == 413
+
+
+def test_nan_and_batch_limit(client, tiny_model):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serve import MAX_BATCH, create_app_from_model
+
+    r = client.post("/predict", content=json.dumps({"inputs": [[[float("nan")] * W] * H]}),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "NaN" in r.json()["error"]
+    big = TestClient(create_app_from_model(*tiny_model, max_body=64 << 20))
+    r = big.post("/predict", json={"inputs": np.zeros((MAX_BATCH + 1, 1, H, W)).tolist()})
+    assert r.status_code == 400 and "batch" in r.json()["error"]
+
+
+def test_http_gate_real_uvicorn(tiny_model):
+    from pipeline.engines.paddle_infer import InferenceEngine
+    from pipeline.preprocess import to_tensor
+    from pipeline.serve import http_gate
+    from pipeline.tasks import get_task
+
+    imgs = _images(6)
+    labels = np.arange(6) % len(LABELS)
+    res = http_gate(tiny_model[0], tiny_model[1], imgs, labels, "classification", max_requests=5, threads=1)
+    ref = InferenceEngine(tiny_model[0], "fp32", threads=1).run(to_tensor(imgs[:5], tiny_model[1]["preprocess"]))
+    assert res["n"] == 5 and res["outputs"].shape == ref.shape
+    assert np.abs(res["outputs"] - ref).max() < 1e-4
+    assert res["metric"] == get_task("classification").metrics(ref, labels[:5])["accuracy"]
+    lat = res["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] and res["metric_name"] == "accuracy"
+
+
+@pytest.mark.slow
+def test_serve_a_real_bundle_folder_and_archive(smoke_bundle):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serve import create_app
+
+    folder, archive = smoke_bundle
+    with np.load(folder / "samples" / "expected.npz") as z:
+        files, expected = list(z["files"]), z["outputs"]
+    for path in (folder, archive):
+        with TestClient(create_app(path)) as c:
+            assert c.get("/health").json()["model"] == folder.name
+            r = c.post("/predict?outputs=1", content=(folder / files[0]).read_bytes(),
+                       headers={"content-type": "image/png"})
+            assert r.status_code == 200
+            assert np.abs(np.asarray(r.json()["outputs"]) - expected[:1]).max() < 1e-4
+
+
+@pytest.mark.slow
+def test_create_app_refuses_a_tampered_bundle(smoke_bundle, tmp_path):
+    import shutil
+
+    from pipeline.errors import IntegrityError
+    from pipeline.serve import create_app
+
+    copy = tmp_path / smoke_bundle[0].name
+    shutil.copytree(smoke_bundle[0], copy)
+    with open(copy / "server" / "fp32" / "inference.pdiparams", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(IntegrityError, match="inference.pdiparams"):
+        create_app(copy)
+
+
+@pytest.fixture(scope="module")
+def smoke_bundle(tmp_path_factory):
+    """The smoke chain in the session's shared temp root, with the same overrides as tests/test_bundle.py:
+    the first module to ask trains, the others hit the runner's stage cache and take seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = tmp_path_factory.getbasetemp() / "smoke-chain"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", "-c", "configs/smoke.yaml",
+                          "-o", f"run.root={base}/runs", "-o", f"bundle.root={base}/bundles", "-o", "run.name=smoke",
+                          "-o", "train.min_metric=0.05"], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = json.loads((base / "runs" / "smoke" / "bundle" / "manifest.json").read_text())["info"]
+    return Path(info["bundle"]), Path(info["archive"])
