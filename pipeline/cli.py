@@ -56,9 +56,12 @@ def _run(args) -> int:
     runner = Runner(cfg, force=args.force)
     outcomes = runner.run(names)
     print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
-    errors = [o for o in outcomes if o.error is not None]
+    errors = [o for o in outcomes if o.error is not None and o.status != "NOT RUN"]
     for o in errors:
         print(f"error: {o.error.one_line()}", file=sys.stderr)
+    not_run = [o.stage for o in outcomes if o.status == "NOT RUN"]
+    if not_run:
+        print(f"not run (an input stage failed): {', '.join(not_run)}", file=sys.stderr)
     return errors[0].error.exit_code if errors else 0
 
 

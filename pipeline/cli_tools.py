@@ -45,7 +45,9 @@ def register(sub, config_args) -> None:
 
 
 def _verify(args) -> int:
+    from .env import import_paddle_quietly
     from .verify import verify_or_raise
+    import_paddle_quietly()         # paddle's import-time banner would bury the one-line error
     report = verify_or_raise(args.bundle, timeout=args.timeout)
     for c in report["checks"]:
         print(f"  ok  {c['name']}" + (f" = {c['observed']:.3g} (limit {c['limit']:g})" if c["limit"] else ""))
@@ -54,7 +56,9 @@ def _verify(args) -> int:
 
 
 def _serve(args) -> int:
+    from .env import import_paddle_quietly
     from .serve import serve
+    import_paddle_quietly()
     serve(args.bundle, host=args.host, port=args.port, threads=args.threads)
     return 0
 

@@ -1,4 +1,8 @@
-"""The end-of-run table: one row per gate of every stage in the run folder (rich)."""
+"""The end-of-run table: one row per gate of every stage in the run folder (rich).
+
+Long reasons (SKIPPED, converted-not-executed, failures) go to numbered notes under the table
+so the table stays readable in an 80-120 column terminal or CI log.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +13,8 @@ from rich.table import Table
 from .artifacts import load_manifest
 from .gates import Gate
 
-STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "CACHED": "cyan", "ERROR": "bold red",
-         "NOT RUN": "dim"}
+STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "ERROR": "bold red", "NOT RUN": "dim"}
+SHORT = {"max_abs_diff": "atol", "finite": "finite"}
 
 
 def _num(v, fmt="{:.4f}"):
@@ -18,42 +22,53 @@ def _num(v, fmt="{:.4f}"):
 
 
 def _limit(g: Gate) -> str:
-    parts = [f"{c.name.replace('_diff', '').replace('max_abs', 'atol')}{'≤' if c.op == '<=' else '≥'}{c.limit:g}"
-             for c in g.checks if c.limit is not None and c.name != "finite"]
-    return ", ".join(parts)
+    parts = []
+    for c in g.checks:
+        if c.limit is None or c.name == "finite" or c.name.startswith("sha256"):
+            continue
+        name = SHORT.get(c.name, "atol" if "max_abs_diff" in c.name else
+                         "drop" if c.name.endswith("_drop") else c.name)
+        parts.append(f"{name} {'≤' if c.op == '<=' else '≥'} {c.limit:g}")
+    return ", ".join(dict.fromkeys(parts))
 
 
-def rows_for(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -> list[list[str]]:
-    rows = []
+def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -> tuple[list[list[str]], list[str]]:
+    rows, notes = [], []
     for name in stage_order:
         man = load_manifest(run_dir / name)
-        failed = load_manifest(run_dir / f"{name}.failed")
         state = outcomes.get(name)
-        if state == "FAIL" and failed:
-            man = failed
-        if man is None:
+        if state == "FAIL":
+            man = load_manifest(run_dir / f"{name}.failed") or man
+        if man is None or state in ("ERROR", "NOT RUN"):
             if state:
-                rows.append([name, "", "", "", "", "", "", state, ""])
+                rows.append([name, "", "", "", "", "", "", state, "", ""])
             continue
-        tag = " (cached)" if state == "CACHED" else ("" if state else " (earlier run)")
+        tag = " (cached)" if state == "CACHED" else ""
         for d in man.get("gates", []):
             g = Gate.from_dict(d)
-            latency = g.extra.get("latency_ms", {}).get("p50") if isinstance(g.extra.get("latency_ms"), dict) else None
-            rows.append([name, g.subject, g.precision_effective, g.metric,
-                         _num(g.value), _num(g.delta, "{:+.4f}"), _limit(g),
-                         g.status + ("" if g.status != "SKIPPED" else f": {g.reason}") + tag,
-                         (f"{latency:.2f} ms p50 · " if latency else "") + f"{g.seconds:.1f}s"])
-    return rows
+            verdict = g.status
+            if g.reason:
+                notes.append(f"{g.stage} {g.subject}: {g.reason}")
+                verdict += f" [{len(notes)}]"
+            lat = g.extra.get("latency_ms")
+            p50 = f"{lat['p50']:.2f} ms" if isinstance(lat, dict) and lat.get("p50") is not None else ""
+            subject = g.subject.replace("paddle-inference ", "inference ").removeprefix("lite ")
+            rows.append([name, subject, g.precision_effective, g.metric, _num(g.value),
+                         _num(g.delta, "{:+.4f}"), _limit(g), verdict + tag, p50, f"{g.seconds:.1f}s"])
+    return rows, notes
 
 
 def print_summary(run_dir: Path, stage_order: list[str], outcomes: dict[str, str], console: Console | None = None):
-    console = console or Console(stderr=False, width=160)
-    table = Table(title=f"run {run_dir}", header_style="bold", show_lines=False)
-    for col in ("stage", "checked", "precision (effective)", "metric", "value", "Δ vs ref", "limit", "verdict", "time"):
-        table.add_column(col, overflow="fold")
-    for r in rows_for(run_dir, stage_order, outcomes):
-        verdict = r[7]
-        key = verdict.split(":")[0].split(" ")[0]
-        r[7] = f"[{STYLE.get(key, '')}]{verdict}[/]" if key in STYLE else verdict
+    console = console or Console(width=140)
+    table = Table(title=f"run {run_dir}", header_style="bold")
+    for col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "verdict",
+                "p50 (b=1)", "time"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("stage", "precision", "value", "Δ vs ref", "limit", "time"))
+    rows, notes = gate_rows(run_dir, stage_order, outcomes)
+    for r in rows:
+        key = r[7].split(" ")[0]
+        r[7] = f"[{STYLE[key]}]{r[7]}[/]" if key in STYLE else r[7]
         table.add_row(*r)
     console.print(table)
+    for i, note in enumerate(notes, 1):
+        console.print(f"  [{i}] {note}", highlight=False, soft_wrap=True)

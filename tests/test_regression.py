@@ -1,0 +1,195 @@
+"""Nightly regression: compare logic, junit.xml, report.html, history, accept — on synthetic run
+folders (fast), plus one slow end-to-end check: a run trained for 1 epoch fails against the smoke run."""
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import GateFailed, RegressionFound
+from pipeline.gates import Check, Gate, skipped
+from pipeline.history import History, print_trend
+from pipeline.regression import accept, check_run, compare, regressions, resolve_baseline, run_facts
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ["train", "export", "server", "lite", "bundle"]
+LIMITS = dict(metric_drop=0.01, size_growth=0.10, latency_growth=0.25)
+
+
+def _gate(stage, subject, value, status="OK", **extra):
+    g = Gate(stage, subject, "fp32", "fp32", "accuracy", value=value, reference=value, status=status,
+             checks=[Check("accuracy_drop", 0.0, 0.01, "<=", status == "OK")], extra=extra, seconds=0.5)
+    g.reason = "" if status == "OK" else "accuracy_drop 0.2 > limit 0.01"
+    return g.to_dict()
+
+
+def make_run(root: Path, name: str, acc=0.95, p50=1.0, p90=1.2, nb=100_000, server_status="OK",
+             skip_bundle=False) -> Path:
+    """A run folder shaped like the runner's output: <stage>/manifest.json with gates and outputs."""
+    run = root / name
+    lat = {"p50": p50, "p90": p90, "p99": p90 * 1.2, "mean": p50}
+    stages = {
+        "train": ([_gate("train", "dygraph validation", acc)], {"model.pdparams": 50_000}),
+        "export": ([_gate("export", "jit.save program vs dygraph", acc)],
+                   {"inference.pdmodel": 20_000, "inference.pdiparams": 80_000}),
+        "server": ([_gate("server", "paddle-inference fp32", acc, server_status, latency_ms=lat),
+                    skipped("server", "paddle-inference bf16", "bf16", "accuracy", "no bf16 CPU").to_dict(),
+                    _gate("server", "paddle-inference int8", acc - 0.01, latency_ms={**lat, "p50": p50 / 2})],
+                   {"models/int8/model.pdiparams": 30_000}),
+        "lite": ([_gate("lite", "lite arm fp32", None, bytes=nb), _gate("lite", "lite x86 fp32", acc, bytes=nb)],
+                 {"arm_fp32.nb": nb, "x86_fp32.nb": nb}),
+        "bundle": ([_gate("bundle", "bundle self-verification", None)],
+                   {f"{name}-1/server/fp32/inference.pdiparams": 80_000, f"{name}-1/mobile/x86_fp32.nb": nb,
+                    f"{name}-1.tar.gz": 90_000 + nb}),
+    }
+    for stage, (gates, outputs) in stages.items():
+        if stage == "bundle" and skip_bundle:
+            continue
+        status = "FAIL" if any(g["status"] == "FAIL" for g in gates) else "OK"
+        folder = run / (stage if status == "OK" else f"{stage}.failed")
+        folder.mkdir(parents=True)
+        outs = {k: {"sha256": "0" * 64, "bytes": b} for k, b in outputs.items()}
+        (folder / "manifest.json").write_text(json.dumps({"stage": stage, "status": status, "gates": gates,
+                                                          "outputs": outs}))
+    (run / "train" / "metrics.jsonl").write_text("".join(
+        json.dumps({"epoch": e, "loss": 3.0 / e, "accuracy": acc * e / 3}) + "\n" for e in (1, 2, 3)))
+    (run / "config.resolved.yaml").write_text("task: classification\nseed: 42\nrun: {name: %s}\n" % name)
+    return run
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return load_config(overrides=[f"run.root={tmp_path}", f"regression.history={tmp_path}/history.sqlite"])
+
+
+def test_identical_run_passes(tmp_path):
+    a = run_facts(make_run(tmp_path, "a"), STAGES)
+    comps = compare(a, a, **LIMITS)
+    kinds = {c.kind for c in comps}
+    assert kinds == {"status", "metric", "latency", "size"} and not regressions(comps)
+
+
+def test_degraded_run_is_flagged_and_named(tmp_path):
+    base = run_facts(make_run(tmp_path, "good"), STAGES)
+    bad = run_facts(make_run(tmp_path, "bad", acc=0.85, nb=150_000), STAGES)
+    regs = regressions(compare(base, bad, **LIMITS))
+    text = "\n".join(c.message for c in regs)
+    assert "server: paddle-inference fp32: accuracy 0.9500 → 0.8500" in text
+    assert "lite: arm_fp32.nb: 100,000 → 150,000 bytes (+50.0%" in text
+    assert {c.kind for c in regs} == {"metric", "size"}
+
+
+@pytest.mark.parametrize("p50,p90,cur,flagged", [
+    (1.0, 1.2, 1.10, False),      # +10 %: under the relative limit
+    (1.0, 1.2, 1.30, True),       # +30 % and above the baseline's p90: a real slowdown
+    (1.0, 1.5, 1.30, False),      # +30 % but inside the baseline's own spread (p90): noise
+    (0.02, 0.02, 0.05, False),    # +150 % but 0.03 ms: under the absolute floor
+    (0.20, 0.21, 0.40, True),     # +100 %, 0.2 ms: real
+])
+def test_latency_is_noise_aware(tmp_path, p50, p90, cur, flagged):
+    base = run_facts(make_run(tmp_path, "a", p50=p50, p90=p90), STAGES)
+    now = run_facts(make_run(tmp_path, "b", p50=cur, p90=cur * 1.1), STAGES)
+    regs = [c for c in regressions(compare(base, now, **LIMITS)) if c.kind == "latency"]
+    assert bool(regs) == flagged
+    if flagged:
+        assert "server: paddle-inference fp32: p50" in regs[0].message
+
+
+def test_gate_that_stops_passing_or_disappears(tmp_path):
+    base = run_facts(make_run(tmp_path, "a"), STAGES)
+    now = run_facts(make_run(tmp_path, "b", server_status="FAIL", skip_bundle=True), STAGES)
+    msgs = [c.message for c in regressions(compare(base, now, **LIMITS)) if c.kind == "status"]
+    assert any("paddle-inference fp32: passed in baseline, now FAIL" in m for m in msgs)
+    assert any("bundle self-verification: passed in baseline, now missing" in m for m in msgs)
+    assert not any("bf16" in m for m in msgs)                  # skipped before and after: not a regression
+
+
+def test_check_run_junit_report_history_and_baselines(tmp_path, cfg):
+    runs = tmp_path
+    first = check_run(cfg, make_run(runs, "n1"), STAGES, now="2024-01-01T00:00:00+00:00")
+    assert first["baseline"] is None and first["status"] == "passed"
+    second = check_run(cfg, make_run(runs, "n2", p50=1.05), STAGES, now="2024-01-02T00:00:00+00:00")
+    assert second["baseline"]["name"] == "n1" and second["status"] == "passed"   # previous run in history
+    third = check_run(cfg, make_run(runs, "n3", acc=0.85, nb=150_000), STAGES, now="2024-01-03T00:00:00+00:00")
+    assert third["status"] == "regressed" and third["baseline"]["name"] == "n2"
+
+    tree = ET.parse(third["junit"])
+    cases = tree.getroot().iter("testcase")
+    n_gates, n_comps = len(third["facts"]["gates"]), len(third["comparisons"])
+    assert len(list(cases)) == n_gates + n_comps
+    failures = [f.get("message") for f in tree.getroot().iter("failure")]
+    assert len(failures) == len(third["regressions"]) and any("accuracy 0.9500 → 0.8500" in m for m in failures)
+    assert len(list(tree.getroot().iter("skipped"))) == 1     # bf16
+
+    html = third["report"].read_text()
+    srcs = [s.split("'")[0] for s in html.split("<img src='")[1:]]
+    assert {"plot_training.png", "plot_metrics.png", "plot_latency.png", "plot_trend.png"} <= set(srcs)
+    assert all((third["report"].parent / s).stat().st_size > 1000 for s in srcs)
+    assert "Regressions" in html and "0.8500" in html
+
+    hist = History(tmp_path / "history.sqlite")
+    trend = hist.trend()
+    assert [r["name"] for r in trend] == ["n1", "n2", "n3"]
+    assert [r["status"] for r in trend] == ["passed", "passed", "regressed"]
+    assert trend[2]["gates"]["server: paddle-inference fp32"]["value"] == pytest.approx(0.85)
+    assert trend[1]["gates"]["server: paddle-inference fp32"]["latency_p50"] == pytest.approx(1.05)
+    assert hist.last_passed(exclude="n3")["name"] == "n2"
+    check_run(cfg, runs / "n3", STAGES, now="2024-01-03T00:00:00+00:00")   # re-compared: replaced, not doubled
+    assert len(hist.runs()) == 3
+
+    from rich.console import Console
+    console = Console(record=True, width=200)
+    print_trend(hist, console=console)
+    out = console.export_text()
+    assert all(n in out for n in ("n1", "n2", "n3", "regressed", "0.8500"))
+
+
+def test_accept_promotes_a_passing_run_only(tmp_path, cfg):
+    good, bad = make_run(tmp_path, "good"), make_run(tmp_path, "bad", server_status="FAIL")
+    hist = History(tmp_path / "history.sqlite")
+    assert resolve_baseline(cfg, "x", hist) == (None, "none (first run)")
+    with pytest.raises(GateFailed, match="server=FAIL"):
+        accept(cfg, bad, STAGES)
+    marker = accept(cfg, good, STAGES)
+    assert marker.read_text().strip() == "good"
+    assert resolve_baseline(cfg, "x", hist) == (good.resolve(), "accepted")
+    res = check_run(cfg, make_run(tmp_path, "later", acc=0.9), STAGES)
+    assert res["baseline"]["name"] == "good" and res["regressions"]
+
+
+def test_compare_cli_exit_code_and_one_line_error(tmp_path):
+    good, bad = make_run(tmp_path, "good"), make_run(tmp_path, "bad", acc=0.80)
+    hist = f"regression.history={tmp_path}/h.sqlite"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "compare", str(bad), "--baseline", str(good), "-o", hist],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == RegressionFound.exit_code, res.stderr
+    block, last = res.stderr.strip().rsplit("\n", 1)
+    assert "regression(s) against baseline good" in block and block.count("[metric]") >= 3
+    assert last.startswith("error: ") and "accuracy 0.9500 → 0.8000" in last
+    assert (bad / "junit.xml").is_file() and (bad / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_fewer_epochs_fails_against_the_smoke_baseline(tmp_path_factory, tmp_path):
+    """End to end: the shared smoke run (3 epochs) is the baseline; the same chain trained 1 epoch regresses."""
+    base = tmp_path_factory.getbasetemp() / "smoke-chain"
+    common = ["-c", "configs/smoke.yaml", "-o", f"run.root={base}/runs", "-o", f"bundle.root={base}/bundles",
+              "-o", "train.min_metric=0.05"]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=900)
+
+    for name, extra in (("smoke", []), ("smoke-1epoch", ["-o", "train.epochs=1"])):
+        res = cli("run", "all", *common, "-o", f"run.name={name}", *extra)
+        assert res.returncode == 0, res.stderr[-3000:]
+    hist = ["-o", f"regression.history={tmp_path}/h.sqlite"]
+    ok = cli("compare", str(base / "runs" / "smoke"), "--baseline", str(base / "runs" / "smoke"), *hist)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    bad = cli("compare", str(base / "runs" / "smoke-1epoch"), "--baseline", str(base / "runs" / "smoke"), *hist)
+    assert bad.returncode == RegressionFound.exit_code, bad.stderr[-2000:]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "accuracy" in last and "train: dygraph validation" in bad.stderr
