@@ -60,3 +60,36 @@ test-fast: $(STAMP)
 clean:
 	rm -rf runs bundles .cache .pytest_cache log
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# ---- nightly regression, bundles ----------------------------------------------------------------
+# make nightly [O="k=v ..."]   whole chain into runs/nightly-<UTC time>, compare with the baseline,
+#                              junit.xml + report.html in the run folder, history in runs/history.sqlite
+# make accept [RUN=runs/x]     promote a run (default: the newest nightly) to regression baseline
+# make verify [BUNDLE=path]    check a bundle folder or .tar.gz (default: the newest in bundles/)
+# make serve [BUNDLE=path] [PORT=8000]   HTTP inference on 127.0.0.1
+NIGHTLY_CONFIG ?= configs/nightly.yaml
+RUN ?=
+BUNDLE ?=
+PORT ?= 8000
+NEWEST_BUNDLE = b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/*/ 2>/dev/null | head -n1)"; \
+	if [ -z "$$b" ]; then echo "no bundle in bundles/: run 'make deploy' first or pass BUNDLE=path" >&2; exit 2; fi
+
+nightly: $(STAMP)
+	$(PY) -m pipeline nightly -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+
+accept: $(STAMP)
+	$(PY) -m pipeline accept $(RUN) -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+
+history: $(STAMP)
+	$(PY) -m pipeline history -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+
+verify: $(STAMP)
+	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline verify $$b"; $(PY) -m pipeline verify "$$b"
+
+serve: $(STAMP)
+	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline serve $$b --port $(PORT)"; $(PY) -m pipeline serve "$$b" --port $(PORT)
+
+bench-deploy: $(STAMP)
+	$(PY) scripts/bench_deploy.py -c $(CONFIG) $(foreach o,$(O),-o $(o))
+
+bench: bench-train amp-bench bench-deploy

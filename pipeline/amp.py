@@ -23,6 +23,10 @@ class AmpPlan:
     def as_record(self) -> dict:
         return {"requested": self.requested, "effective": self.effective, "reason": self.reason}
 
+    @property
+    def differs(self) -> bool:
+        return self.requested != self.effective
+
 
 def plan(amp_cfg, device: str, caps: dict) -> AmpPlan:
     requested = f"{amp_cfg.dtype}/{amp_cfg.level}" if amp_cfg.enable else "float32"
@@ -58,9 +62,45 @@ def make_scaler(amp_cfg, amp_plan: AmpPlan):
     )
 
 
-def autocast(amp_cfg, amp_plan: AmpPlan):
+def decorate(model, optimizer, amp_cfg, amp_plan: AmpPlan):
+    """O2: low-precision parameters with fp32 master weights. Call before any DataParallel wrapping."""
     import paddle
 
+    if not (amp_plan.enabled and amp_plan.level == "O2"):
+        return model, optimizer
+    return paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=amp_plan.dtype,
+                               master_weight=True, master_grad=amp_cfg.master_grad)
+
+
+def step_skipped(scaler) -> bool:
+    """Whether the last scaler.minimize()/step() skipped the update (inf/nan in the scaled gradients).
+
+    Paddle 2.6 keeps the answer in `_cache_founf_inf` (sic; a Python bool once the optimizer has
+    consumed it, else a bool tensor) and the raw check in `_found_inf`. Reading it costs no extra
+    device sync: the optimizer already branched on it.
+    """
+    if scaler is None or not getattr(scaler, "_enable", False):
+        return False
+    found = getattr(scaler, "_cache_founf_inf", None)
+    if found is None:
+        found = getattr(scaler, "_found_inf", False)
+    return bool(found)
+
+
+def loss_scale(scaler) -> float | None:
+    if scaler is None or not getattr(scaler, "_enable", False):
+        return None
+    return float(scaler._scale)
+
+
+def autocast(amp_cfg, amp_plan: AmpPlan):
+    """auto_cast for the plan; a no-op context when AMP does not run (no per-step list rebuilding)."""
+    import contextlib
+
+    import paddle
+
+    if not amp_plan.enabled:
+        return contextlib.nullcontext()
     return paddle.amp.auto_cast(
         enable=amp_plan.enabled,
         custom_white_list=set(amp_cfg.custom_white_list) or None,
@@ -78,3 +118,19 @@ def fp32_state_dict(model) -> dict:
     for k, v in model.state_dict().items():
         out[k] = v.astype("float32") if v.dtype in (paddle.float16, paddle.bfloat16) else v
     return out
+
+
+def load_state(model, state: dict) -> None:
+    """set_state_dict that casts each value to the dtype the layer holds (fp32 checkpoints into an O2 model)."""
+    import numpy as np
+    import paddle
+
+    current = model.state_dict()
+    fixed = {}
+    for k, v in state.items():
+        if isinstance(v, np.ndarray):
+            v = paddle.to_tensor(v)
+        if k in current and hasattr(v, "astype") and v.dtype != current[k].dtype:
+            v = v.astype(current[k].dtype)
+        fixed[k] = v
+    model.set_state_dict(fixed)

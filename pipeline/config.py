@@ -73,6 +73,7 @@ class AmpCfg(Section):
     incr_every_n_steps: int = PosInt
     decr_every_n_nan_or_inf: int = PosInt
     use_dynamic_loss_scaling: bool
+    master_grad: bool
     precheck: PrecheckCfg
 
 

@@ -99,7 +99,7 @@ def plot_metrics(run_dir: Path, facts: dict, base: dict | None) -> str | None:
     ax.set_yticks(list(ys), [f"{k} [{g['precision']}]" for k, g in rows])
     ax.invert_yaxis()
     ax.set(title="primary metric per stage and precision", xlim=(0, 1.05))
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return _save(fig, run_dir, "plot_metrics.png")
 
 

@@ -59,6 +59,7 @@ class Stage:
     make_target: str                  # what users type to produce this stage's output
     run: Callable[[StageContext], StageResult]
     description: str = ""
+    code_deps: tuple[str, ...] = ()   # repo-relative files/folders whose code changes the result
 
 
 @dataclass
@@ -77,13 +78,18 @@ def registry() -> dict[str, Stage]:
 
 
 def _code_hash(stage: Stage) -> str:
-    """The stage's module plus the framework: a code change re-runs the stage (stages never import each other)."""
+    """The stage's module plus its declared code deps: editing them re-runs the stage, editing
+    unrelated framework code (CLI, reports, serving) does not invalidate a 4-minute training."""
     h = hashlib.sha256()
     mod = sys.modules.get(stage.run.__module__)
     files = [Path(mod.__file__)] if mod and getattr(mod, "__file__", None) else []
-    files += sorted(Path(__file__).resolve().parent.rglob("*.py"))
+    root = Path(__file__).resolve().parent.parent
+    for dep in stage.code_deps:
+        p = root / dep
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
     for f in files:
-        h.update(f.read_bytes())
+        h.update(f.relative_to(root).as_posix().encode() if f.is_relative_to(root) else b"")
+        h.update(f.read_bytes() if f.is_file() else b"<missing>")
     return h.hexdigest()[:16]
 
 

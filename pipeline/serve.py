@@ -55,7 +55,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
 
 
 def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
-                          name: str | None = None, versions: dict | None = None):
+                          name: str | None = None, versions: dict | None = None, log_requests: bool = True):
     """App for an exported model + the infer_config structure (used by the server stage before a bundle exists)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
@@ -87,7 +87,8 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
         response = await call_next(request)
         ms = (time.perf_counter() - t0) * 1e3
         response.headers["X-Latency-ms"] = f"{ms:.3f}"
-        log.info("%s %s -> %d in %.2f ms", request.method, request.url.path, response.status_code, ms)
+        if log_requests:
+            log.info("%s %s -> %d in %.2f ms", request.method, request.url.path, response.status_code, ms)
         return response
 
     @app.exception_handler(_BadRequest)
@@ -264,7 +265,7 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     n = min(int(max_requests), len(images_uint8))
     task = get_task(task_name)
     bodies = [_png(img) for img in images_uint8[:n]]
-    app = create_app_from_model(model_prefix, infer_cfg, threads=threads)
+    app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False)  # percentiles instead
     outputs, times = [], []
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:
         headers = {"content-type": "image/png"}

@@ -2,6 +2,8 @@
 
 Resume is exact on CPU: batches come from an RNG seeded per epoch and paddle is re-seeded at
 every epoch start, so epoch e is the same whether or not the process died before it.
+Under `paddle.distributed.launch` (see pipeline/distributed.py) every rank draws the same
+permutation and takes its own share of each global batch; only rank 0 writes anything.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from tqdm import tqdm
 
 from . import amp, checkpoint
 from .artifacts import atomic_write_text
-from .errors import NonFiniteError
+from .distributed import world
+from .errors import ConfigError, NonFiniteError
 from .preprocess import to_tensor
 
 log = logging.getLogger("pipeline")
@@ -80,90 +83,151 @@ class NonFiniteGuard:
         return False
 
 
-def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
-    """Train; returns (best fp32 state_dict, per-epoch history). Checkpoints live in ctx.work_dir.
+def open_visualdl(logdir):
+    """VisualDL writer, imported lazily: it is optional and not in requirements.txt."""
+    try:
+        from visualdl import LogWriter
+    except ImportError:
+        raise ConfigError("train.visualdl is true but the visualdl package is not installed",
+                          hint="pip install visualdl into .venv, or set train.visualdl=false") from None
+    return LogWriter(logdir=str(logdir))
 
-    loss_hook(loss, step) lets tests inject a non-finite loss.
+
+def _global_loss(loss, nproc: int) -> float:
+    """The loss every rank agrees on (mean over ranks): one NaN anywhere stops all ranks together."""
+    if nproc == 1:
+        return float(loss)
+    import paddle.distributed as dist
+
+    value = loss.detach().astype("float32").reshape([1])
+    dist.all_reduce(value)
+    return float(value) / nproc
+
+
+def _check_weights_finite(state: dict, epoch: int) -> None:
+    bad = [k for k, v in state.items() if hasattr(v, "numpy") and not np.isfinite(v.numpy()).all()]
+    if bad:
+        raise NonFiniteError(f"train: weights became NaN/Inf during epoch {epoch} ({bad[0]} and {len(bad) - 1} more); "
+                             "the last good checkpoint is kept", hint=NONFINITE_HINT)
+
+
+def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
+    """Train; returns (best fp32 state_dict, per-epoch history, info). Checkpoints live in ctx.work_dir.
+
+    loss_hook(loss, step) -> loss lets tests inject a non-finite loss.
     """
     import paddle
 
     cfg, tr = ctx.cfg, ctx.cfg.train
+    rank, nproc = world()
     n = len(ds.train.labels)
-    steps_per_epoch = n // tr.batch_size            # drop_last: equal-size batches, stable BN statistics
+    global_batch = tr.batch_size * nproc
+    steps_per_epoch = n // global_batch            # drop_last: equal-size batches, equal steps on every rank
     opt, sched = build_optimizer(tr, model, steps_per_epoch)
-    if plan.enabled and plan.level == "O2":
-        model, opt = paddle.amp.decorate(models=model, optimizers=opt, level="O2", master_weight=True,
-                                         dtype=plan.dtype)
+    model, opt = amp.decorate(model, opt, tr.amp, plan)          # O2 first, DataParallel after (Paddle's rule)
+    net = paddle.DataParallel(model) if nproc > 1 else model
     scaler = amp.make_scaler(tr.amp, plan)
     val_x = to_tensor(ds.val.images, spec)
     ckpt_dir = ctx.work_dir / "checkpoint"
-    key = ctx.fingerprint
-    start_epoch, history, best, best_state = 0, [], -1.0, None
+    key = f"{ctx.fingerprint}-nproc{nproc}"           # a 2-process checkpoint is not a 1-process one
+    start_epoch, history, best, best_state, best_bytes, best_epoch = 0, [], -math.inf, None, None, 0
 
     resumed = checkpoint.load(ckpt_dir, key) if tr.resume else None
     if resumed:
         states, meta = resumed
-        model.set_state_dict(states["model"])
+        amp.load_state(model, states["model"])       # fp32 on disk; cast back to fp16 under O2
         opt.set_state_dict(states["optimizer"])
+        sched.set_state_dict(states["scheduler"])
         if scaler is not None and "scaler" in states:
             scaler.load_state_dict(states["scaler"])
-        best_state = states.get("best")
-        start_epoch, history, best = meta["epoch"] + 1, meta["history"], meta["best"]
-        log.info("[train] resuming after epoch %d from %s", meta["epoch"] + 1, ckpt_dir)
+        best_state, best_bytes = states["best"], None
+        start_epoch, history, best, best_epoch = meta["epoch"] + 1, meta["history"], meta["best"], meta["best_epoch"]
+        log.info("[train] resuming after epoch %d/%d from %s", start_epoch, tr.epochs, checkpoint.current(ckpt_dir))
 
+    vdl = open_visualdl(ctx.work_dir / "visualdl") if (tr.visualdl and rank == 0) else None
     guard = NonFiniteGuard(tr.max_nonfinite_steps)
-    for epoch in range(start_epoch, tr.epochs):
-        paddle.seed(cfg.seed * 1000 + epoch)          # dropout etc. independent of where we resumed
-        order = np.random.default_rng(cfg.seed * 1000 + epoch).permutation(n)
-        t0, skipped, losses = time.perf_counter(), 0, []
-        bar = tqdm(range(steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}", disable=ctx.quiet,
-                   leave=False, unit="batch", dynamic_ncols=True)
-        for step in bar:
-            idx = order[step * tr.batch_size:(step + 1) * tr.batch_size]
-            x = paddle.to_tensor(to_tensor(ds.train.images[idx], spec))
-            y = paddle.to_tensor(ds.train.labels[idx])
-            with amp.autocast(tr.amp, plan):
-                loss = task.loss(model(x), y)
-            if loss_hook is not None:
-                loss = loss_hook(loss, epoch * steps_per_epoch + step)
-            value = float(loss)
-            if not guard.check(value, epoch * steps_per_epoch + step):
-                skipped += 1
+    try:
+        for epoch in range(start_epoch, tr.epochs):
+            epoch_seed = cfg.seed * 1000 + epoch
+            paddle.seed(epoch_seed)                   # dropout etc. independent of where we resumed
+            order = np.random.default_rng(epoch_seed).permutation(n)
+            t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(sched.get_lr())
+            bar = tqdm(range(steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",
+                       disable=ctx.quiet or rank != 0, leave=False, unit="batch", dynamic_ncols=True)
+            for step in bar:
+                gstep = epoch * steps_per_epoch + step
+                start = (step * nproc + rank) * tr.batch_size   # this rank's share of the global batch
+                idx = order[start:start + tr.batch_size]
+                x = paddle.to_tensor(to_tensor(ds.train.images[idx], spec))
+                y = paddle.to_tensor(ds.train.labels[idx])
+                with amp.autocast(tr.amp, plan):
+                    loss = task.loss(net(x), y)
+                if loss_hook is not None:
+                    loss = loss_hook(loss, gstep)
+                value = _global_loss(loss, nproc)     # the NaN guard needs the value: one small sync per step
+                if not guard.check(value, gstep):
+                    nonfinite += 1
+                    opt.clear_grad()
+                    continue
+                lr_used = float(sched.get_lr())
+                if scaler is not None:
+                    scaled = scaler.scale(loss)
+                    scaled.backward()
+                    scaler.minimize(opt, scaled)      # unscales, skips the update on inf/nan, updates the scale
+                    scaler_skipped += amp.step_skipped(scaler)
+                else:
+                    loss.backward()
+                    opt.step()
                 opt.clear_grad()
-                continue
-            if scaler is not None:
-                scaled = scaler.scale(loss)
-                scaled.backward()
-                scaler.minimize(opt, scaled)          # unscales, skips on inf/nan, updates the scale
-                if bool(getattr(scaler, "_found_inf", False)):
-                    skipped += 1
-            else:
-                loss.backward()
-                opt.step()
-            opt.clear_grad()
-            sched.step()
-            losses.append(value)
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}",
-                                sps=f"{(step + 1) * tr.batch_size / (time.perf_counter() - t0):.0f}")
-        bar.close()
-        seconds = time.perf_counter() - t0
-        metric = task.metrics(predict(model, val_x), ds.val.labels)[task.primary_metric]
-        rec = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
-               task.primary_metric: metric, "lr": float(sched.get_lr()),
-               "loss_scale": float(scaler._scale.item()) if scaler is not None else None,
-               "skipped_steps": skipped, "samples_per_s": round(steps_per_epoch * tr.batch_size / seconds, 1),
-               "peak_memory_mb": round(peak_memory_mb(device), 1), "precision": plan.effective,
-               "seconds": round(seconds, 2)}
-        history.append(rec)
-        log.info("[train] epoch %d/%d loss %.4f %s %.4f  %.0f samples/s", epoch + 1, tr.epochs, rec["loss"],
-                 task.primary_metric, metric, rec["samples_per_s"])
-        state = amp.fp32_state_dict(model)
-        if metric > best:
-            best, best_state = metric, state
-        parts = {"model": state, "optimizer": opt.state_dict(), "best": best_state}
-        if scaler is not None:
-            parts["scaler"] = scaler.state_dict()
-        checkpoint.save(ckpt_dir, key, parts, {"epoch": epoch, "history": history, "best": best,
-                                               "parts": list(parts)})
-    return best_state, history
+                sched.step()
+                losses.append(value)
+                if not bar.disable and step % 10 == 0:
+                    bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}",
+                                    sps=f"{(step + 1) * global_batch / (time.perf_counter() - t0):.0f}", refresh=False)
+            bar.close()
+            seconds = time.perf_counter() - t0
+            metric = task.metrics(predict(model, val_x), ds.val.labels)[task.primary_metric]
+            rec = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
+                   task.primary_metric: metric, "lr": lr_used, "loss_scale": amp.loss_scale(scaler),
+                   "skipped_steps": nonfinite + scaler_skipped, "scaler_skipped_steps": scaler_skipped,
+                   "nonfinite_loss_steps": nonfinite,
+                   "samples_per_s": round(steps_per_epoch * global_batch / seconds, 1),
+                   "peak_memory_mb": round(peak_memory_mb(device), 1), "precision": plan.effective,
+                   "nproc": nproc, "seconds": round(seconds, 2)}
+            history.append(rec)
+            state = amp.fp32_state_dict(model)
+            _check_weights_finite(state, epoch + 1)
+            if metric > best:
+                best, best_state, best_bytes, best_epoch = metric, state, None, epoch + 1
+            if rank == 0:
+                log.info("[train] epoch %d/%d loss %.4f %s %.4f  %.0f samples/s%s", epoch + 1, tr.epochs, rec["loss"],
+                         task.primary_metric, metric, rec["samples_per_s"],
+                         f"  skipped {rec['skipped_steps']}" if rec["skipped_steps"] else "")
+                if best_state is None or best_epoch == epoch + 1:
+                    best_part = checkpoint.SameAs("model")
+                else:
+                    if best_bytes is None:
+                        best_bytes = checkpoint.to_bytes(best_state)   # serialised once, reused every epoch
+                    best_part = best_bytes
+                parts = {"model": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                         "best": best_part}
+                if scaler is not None:
+                    parts["scaler"] = scaler.state_dict()
+                checkpoint.save(ckpt_dir, key, parts, {
+                    "epoch": epoch, "history": history, "best": best, "best_epoch": best_epoch,
+                    "epochs": tr.epochs, "nproc": nproc,
+                    # the RNG state at an epoch boundary is fully given by these seeds (re-seeded every epoch)
+                    "rng": {"paddle_seed": epoch_seed + 1, "permutation_seed": epoch_seed + 1}})
+                atomic_write_text(ctx.work_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+                if vdl is not None:
+                    for k in ("loss", task.primary_metric, "lr", "samples_per_s", "skipped_steps", "loss_scale"):
+                        if rec.get(k) is not None:
+                            vdl.add_scalar(tag=f"train/{k}", value=float(rec[k]), step=epoch + 1)
+    finally:
+        if vdl is not None:
+            vdl.close()
+    if best_state is None:                      # resumed from a finished run's last checkpoint
+        best_state = amp.fp32_state_dict(model)
+    info = {"resumed_after_epoch": start_epoch if resumed else None, "best_epoch": best_epoch,
+            "nproc": nproc, "global_batch": global_batch, "checkpoint": str(ckpt_dir)}
+    return best_state, history, info

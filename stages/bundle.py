@@ -150,4 +150,5 @@ def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
 
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
-              make_target="deploy", run=run, description="self-describing bundle, verified and published")
+              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/preprocess.py"),
+              description="self-describing bundle, verified and published")

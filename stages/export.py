@@ -61,4 +61,5 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
+              code_deps=("pipeline/tasks", "pipeline/models", "pipeline/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -112,4 +112,5 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
+              code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -149,4 +149,5 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
-              run=run, description="Paddle Inference fp32/fp16/bf16/int8 matrix with gates and latency")
+              run=run, code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/serve.py"),
+              description="Paddle Inference fp32/fp16/bf16/int8 matrix with gates and latency")

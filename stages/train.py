@@ -45,14 +45,34 @@ def pick_device(wanted: str) -> str:
     return device
 
 
-def check_data(cfg, ds) -> None:
+def check_data(cfg, ds, nproc: int = 1) -> None:
     tr = cfg.train
     n = len(ds.train.labels)
     if n == 0 or len(ds.val.labels) == 0:
         raise DataError("training or validation set is empty", hint="check data.path / data.num_*")
-    if tr.batch_size > n:
-        raise ConfigError(f"train.batch_size {tr.batch_size} is larger than the training set ({n} samples)",
-                          hint=f"set train.batch_size <= {n}")
+    if tr.batch_size * nproc > n:
+        per = f" x {nproc} processes" if nproc > 1 else ""
+        raise ConfigError(f"train.batch_size {tr.batch_size}{per} is larger than the training set ({n} samples)",
+                          hint=f"set train.batch_size <= {n // nproc}")
+
+
+def check_labels(model, x: np.ndarray, labels: np.ndarray, where: str) -> None:
+    """Labels must index the model's outputs: a label past the last class crashes (or silently
+    corrupts) cross-entropy deep inside Paddle, so say which label and which model size instead."""
+    import paddle
+
+    model.eval()
+    with paddle.no_grad():
+        out = model(paddle.to_tensor(x[:1]))
+    model.train()
+    if not hasattr(out, "shape"):
+        return
+    classes = int(out.shape[-1])
+    valid = labels[labels >= 0] if labels.ndim > 1 else labels     # recognition pads with -1
+    bad = valid[(valid < 0) | (valid >= classes)] if valid.size else valid
+    if bad.size:
+        raise DataError(f"{where}: label {int(bad[0])} is out of range for a model with {classes} outputs "
+                        f"({bad.size} such labels)", hint="check the label files / class folders against the model")
 
 
 def precheck_amp(cfg, model, plan, x: np.ndarray):
@@ -82,21 +102,30 @@ def precheck_amp(cfg, model, plan, x: np.ndarray):
 def run(ctx: StageContext) -> StageResult:
     import paddle
 
-    from pipeline.train_loop import predict, train_model
+    from pipeline.distributed import world
+    from pipeline.train_loop import open_visualdl, predict, train_model
 
     cfg = ctx.cfg
+    if cfg.train.visualdl:
+        open_visualdl(ctx.work_dir / "visualdl").close()    # missing package: fail now, not after training
     task = get_task(cfg.task)
     seed_everything(cfg.seed)
     device = pick_device(cfg.train.device)
+    rank, nproc = world()
     ds = task.load_data(cfg.section("data")["data"], cfg.seed)
-    check_data(cfg, ds)
+    check_data(cfg, ds, nproc)
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
     model = task.build_model(cfg.section("model")["model"], ds.info)
+    first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
+    check_labels(model, first, ds.train.labels, "training set")
+    check_labels(model, first, ds.val.labels, "validation set")
     plan = amp.plan(cfg.train.amp, device, env.capabilities())
-    plan, precheck_diff = precheck_amp(cfg, model, plan, to_tensor(ds.train.images[:cfg.train.batch_size], spec))
+    plan, precheck_diff = precheck_amp(cfg, model, plan, first)
 
-    best_state, history = train_model(ctx, task, model, ds, spec, plan, device)
-    model.set_state_dict(best_state)
+    best_state, history, train_info = train_model(ctx, task, model, ds, spec, plan, device)
+    # the reference outputs come from a plain fp32 model holding the exported weights (not the O2 model)
+    model = task.build_model(cfg.section("model")["model"], ds.info)
+    amp.load_state(model, best_state)
 
     val_x = to_tensor(ds.val.images, spec)
     val_out = predict(model, val_x)
@@ -125,15 +154,23 @@ def run(ctx: StageContext) -> StageResult:
     gate = Gate("train", "dygraph validation", plan.requested, plan.effective, metric, value=value,
                 checks=[Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric)])
     gate.status = OK if gate.checks[0].passed else FAIL
+    if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
+        gate.reason = plan.reason
     gate.seconds = sum(h["seconds"] for h in history)
-    gate.extra = {"samples_per_s": history[-1]["samples_per_s"] if history else None}
+    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
+    gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
     return StageResult(
         gates=[gate],
         precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
-        metrics={**val_metrics, "epochs": len(history), "skipped_steps": sum(h["skipped_steps"] for h in history),
+        metrics={**val_metrics, "epochs": len(history), "best_epoch": train_info["best_epoch"],
+                 "skipped_steps": sum(h["skipped_steps"] for h in history),
+                 "scaler_skipped_steps": sum(h.get("scaler_skipped_steps", 0) for h in history),
+                 "nonfinite_loss_steps": sum(h.get("nonfinite_loss_steps", 0) for h in history),
+                 "samples_per_s": gate.extra["samples_per_s"],
                  "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
                  "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
-        info={"device": device, "val_slice": k},
+        info={"device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
+              "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
     )
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.engines.paddle_infer import (InferenceEngine, bf16_status, make_fp16_emulated, program_input_shape,
                                            program_ops)
-from pipeline.engines.perf import latency_ms, program_macs, throughput
+from pipeline.engines.perf import latency_ms, matmul_peak_gflops, program_macs, throughput
 from pipeline.engines.quant import quantizable_layers, quantize_ptq
 from pipeline.errors import ConfigError, DataError, PipelineError
 
@@ -147,3 +147,12 @@ def test_perf_helpers_report_sane_numbers(tiny):
     lat = latency_ms(eng.run, tiny["val"][:1], warmup=2, repeats=10)
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] and lat["mean"] > 0
     assert throughput(eng.run, tiny["val"][:16], warmup=1, repeats=3) > 0
+
+
+def test_matmul_probe_runs_both_backends():
+    assert paddle.in_dynamic_mode()
+    for backend in ("onednn", "mkl"):
+        assert matmul_peak_gflops(n=256, repeats=3, backend=backend) > 0.5
+    assert paddle.in_dynamic_mode()
+    with pytest.raises(ConfigError):
+        matmul_peak_gflops(backend="cublas")

@@ -21,9 +21,9 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Outputs that are bookkeeping, not activations: emulating fp16 on them would corrupt state or shapes.
 _SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceOut", "ReserveSpace", "Mask"}
 _FP16_EMU_SUFFIX = ".fp16emu"
-# oneDNN int8 GEMM (fc/matmul/rnn) without VNNI widens s8 to u8 and sums u8*s8 pairs in saturating int16
-# (vpmaddubsw): measured logits off by 1.7 (range +-6), argmax agreement 73%. Its int8 convs are fine.
-_INT8_GEMM_OPS = {"fc", "matmul", "matmul_v2", "mul", "fused_matmul", "fusion_gru", "multi_gru", "fusion_lstm"}
+# oneDNN int8 GEMM (fc, matmul, fused rnn) without VNNI runs gemm_s8s8s32 through saturating int16 pair sums
+# (vpmaddubsw): measured logits off by 1.7 (range +-6), argmax agreement 73%. Its int8 convs are fine, so
+# without VNNI only these op types are handed to oneDNN int8:
 _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "concat", "prior_box", "reshape2",
                   "transpose2", "fused_transpose", "slice", "nearest_interp", "nearest_interp_v2", "split",
                   "elementwise_add", "elementwise_mul", "elementwise_sub"}
@@ -73,12 +73,10 @@ def _feed_name(block: framework_pb2.BlockDesc, model_prefix: str | os.PathLike) 
 
 def _cpu_flags() -> set[str]:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return set()
+        return set()
+    return set(next((ln.split(":", 1)[1] for ln in lines if ln.startswith("flags")), "").split())
 
 
 def bf16_status() -> tuple[bool, str]:
@@ -114,24 +112,20 @@ def _capture_stderr_fd() -> Iterator[list[str]]:
             out.append(tmp.read().decode(errors="replace"))
 
 
-def _gpu_available() -> bool:
-    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
-
-
 def _require_gpu(what: str) -> None:
-    if not _gpu_available():
+    if not (paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
         raise PipelineError(f"{what} needs a CUDA build of Paddle and a visible GPU "
                             f"(compiled_with_cuda={paddle.device.is_compiled_with_cuda()})",
                             hint="install paddlepaddle-gpu on a GPU machine; on CPU use make_fp16_emulated()")
 
 
-def _has_quant_ops(ops: list[str]) -> bool:
-    return any("quantize" in t for t in ops)
-
-
-def _is_fp16_emulated(model_prefix: str) -> bool:
-    block = _program_desc(model_prefix).blocks[0]
-    return any(_FP16_EMU_SUFFIX in v.name for v in block.vars)
+def _int8_ops_done(log: str) -> dict[str, int]:
+    """Op type -> count that oneDNN really quantized, from the cpu_quantize_pass printout."""
+    done: dict[str, int] = {}
+    for n, op in re.findall(r"quantized (\d+) (\w+) ops", re.sub(r"\x1b\[[0-9;]*m", "", log)):
+        if int(n):
+            done[op] = done.get(op, 0) + int(n)
+    return done
 
 
 class InferenceEngine:
@@ -158,17 +152,15 @@ class InferenceEngine:
             self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch)
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
-        try:
-            with _capture_stderr_fd() as log:
+        log: list[str] = []
+        try:  # only int8 is captured: a fatal abort elsewhere must still show its message
+            with _capture_stderr_fd() if precision == "int8" else contextlib.nullcontext(log) as log:
                 self._predictor = pinf.create_predictor(cfg)
         except Exception as e:  # Paddle raises RuntimeError/ValueError/OSError subclasses
             msg = str(e).strip().splitlines()
             raise PipelineError(f"Paddle Inference could not load {self.model_prefix}: {msg[-1] if msg else e!r}",
                                 hint="check the model was exported by paddle.jit.save / PaddleSlim") from e
-        self.int8_quantized: dict[str, int] = {}  # op type -> count oneDNN really runs in int8
-        for n, op in re.findall(r"quantized (\d+) (\w+) ops", re.sub(r"\x1b\[[0-9;]*m", "", "".join(log))):
-            if int(n):
-                self.int8_quantized[op] = self.int8_quantized.get(op, 0) + int(n)
+        self.int8_quantized = _int8_ops_done("".join(log))  # op type -> count really run in int8
         if precision == "int8":
             self.notes.append(f"oneDNN int8 ops: {self.int8_quantized}")
             if not self.int8_quantized:  # fake-quant ops folded away, weights dequantized: fp32 math
@@ -185,9 +177,11 @@ class InferenceEngine:
                     int8_ops: Iterable[str] | None) -> str:
         cfg.disable_gpu()
         cfg.set_cpu_math_library_num_threads(int(threads))
-        ops = program_ops(self.model_prefix)
+        desc = _program_desc(self.model_prefix)
+        quant = any("quantize" in op.type for op in desc.blocks[0].ops)
+        fp16_emulated = any(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)
         if precision == "int8":
-            if not _has_quant_ops(ops):
+            if not quant:
                 raise PipelineError(f"{self.model_prefix} has no quantize ops; int8 needs a PaddleSlim quant model",
                                     hint="run quant.quantize_ptq() first")
             # Without enable_mkldnn_int8 a fake-quant model runs simulated (~10x slower, still fp32 math).
@@ -210,15 +204,15 @@ class InferenceEngine:
         if mkldnn:
             cfg.enable_mkldnn()
         if precision == "fp16":
-            if not _is_fp16_emulated(self.model_prefix):
+            if not fp16_emulated:
                 raise PipelineError("fp16 predictors need a GPU build of Paddle (no CPU fp16 conv/matmul kernels)",
                                     hint="on CPU build an emulated model with make_fp16_emulated() and load that")
             self.notes.append("fp16 emulated on CPU: fp16-rounded weights/activations, fp32 math")
             return "fp16-emulated"
-        if _is_fp16_emulated(self.model_prefix):
+        if fp16_emulated:
             self.notes.append("model carries fp16-emulation casts")
             return "fp16-emulated"
-        if _has_quant_ops(ops):
+        if quant:
             self.notes.append("fake-quant model run as fp32 (simulated int8; pass precision='int8' for real int8)")
             return "int8-simulated"
         return "fp32"
@@ -276,7 +270,8 @@ def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.Pat
     Each producer op writes to `<v>.fp16raw`; cast(fp32->fp16) + cast(fp16->fp32) restore `<v>`, so
     consumers, feed and fetch names are unchanged.
     """
-    _files(model_prefix)
+    if any(_FP16_EMU_SUFFIX in v.name for v in _program_desc(model_prefix).blocks[0].vars):
+        raise PipelineError(f"{model_prefix} is already fp16-emulated", hint="emulate the fp32 model instead")
     vt = paddle.base.core.VarDesc.VarType
     fp16, fp32, dense = vt.FP16, vt.FP32, vt.LOD_TENSOR
     paddle.enable_static()
@@ -298,15 +293,10 @@ def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.Pat
                 if op.type in ("feed", "fetch", "cast"):
                     i += 1
                     continue
-                targets = []
-                for slot in op.output_names:
-                    if slot in _SKIP_OUT_SLOTS:
-                        continue
-                    for name in op.output(slot):
-                        v = block._find_var_recursive(name)
-                        if (v is not None and not v.persistable and v.type == dense and v.dtype == fp32
-                                and name not in targets):
-                            targets.append(name)
+                outs = [n for slot in op.output_names if slot not in _SKIP_OUT_SLOTS for n in op.output(slot)]
+                vars_ = {n: block._find_var_recursive(n) for n in outs}  # dict: dedupes, keeps order
+                targets = [n for n, v in vars_.items()
+                           if v is not None and not v.persistable and v.type == dense and v.dtype == fp32]
                 for name in targets:
                     v = block.var(name)
                     raw = block.create_var(name=f"{name}.fp16raw{n_casts}", shape=v.shape, dtype=fp32)

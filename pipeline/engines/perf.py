@@ -48,16 +48,18 @@ def throughput(run_fn: RunFn, x: np.ndarray, warmup: int = 2, repeats: int = 10)
     return float(len(x) / np.median(_timed(run_fn, x, warmup, repeats)))
 
 
-def matmul_peak_gflops(threads: int = 2, n: int = 1024, repeats: int = 10, mkldnn: bool = True) -> float:
+def matmul_peak_gflops(threads: int = 2, n: int = 1024, repeats: int = 10, backend: str = "onednn") -> float:
     """Best-of-repeats fp32 GFLOP/s of an n x n x n matmul run by a Paddle Inference predictor.
 
-    A one-op inference program configured like InferenceEngine (oneDNN, IR optim, the same
-    cpu_math_library threads) measures what the engines can reach; dygraph paddle.matmul uses a
-    different thread setting and adds eager dispatch. Sensitive to MKL_DEBUG_CPU_TYPE on AMD CPUs,
-    which must be set before paddle is imported (done by the framework, not here).
+    A one-op inference program configured like InferenceEngine (IR optim, same threads) measures what
+    the engines can reach; dygraph paddle.matmul adds eager dispatch and its own thread setting.
+    backend="onednn" (default): matmul + bias is fused into `fc`, which runs oneDNN's brgemm inner
+    product, the kernel family the engines' conv/fc use. backend="mkl": a bias-free matmul stays on
+    MKL sgemm (what dygraph/training matmuls use); MKL is slow on AMD unless MKL_DEBUG_CPU_TYPE=5 is
+    set before paddle loads (the framework does that, not this module).
     """
-    if n < 16 or threads < 1 or repeats < 1:
-        raise ConfigError(f"bad probe settings n={n} threads={threads} repeats={repeats}")
+    if n < 16 or threads < 1 or repeats < 1 or backend not in ("onednn", "mkl"):
+        raise ConfigError(f"bad probe settings n={n} threads={threads} repeats={repeats} backend={backend!r}")
     with tempfile.TemporaryDirectory(prefix="mmprobe_") as d:
         prefix = os.path.join(d, "mm")
         paddle.enable_static()
@@ -65,8 +67,9 @@ def matmul_peak_gflops(threads: int = 2, n: int = 1024, repeats: int = 10, mkldn
             main, start = paddle.static.Program(), paddle.static.Program()
             with paddle.static.program_guard(main, start), paddle.utils.unique_name.guard():
                 x = paddle.static.data("x", [-1, n], "float32")
-                w = paddle.create_parameter([n, n], "float32")
-                y = paddle.matmul(x, w)
+                y = paddle.matmul(x, paddle.create_parameter([n, n], "float32"))
+                if backend == "onednn":
+                    y = y + paddle.create_parameter([n], "float32", is_bias=True)
             with paddle.static.scope_guard(paddle.static.Scope()):
                 exe = paddle.static.Executor(paddle.CPUPlace())
                 exe.run(start)
@@ -77,14 +80,14 @@ def matmul_peak_gflops(threads: int = 2, n: int = 1024, repeats: int = 10, mkldn
         cfg.disable_glog_info()
         cfg.switch_ir_optim(True)
         cfg.set_cpu_math_library_num_threads(threads)
-        if mkldnn:
+        if backend == "onednn":
             cfg.enable_mkldnn()
         pred = pinf.create_predictor(cfg)
     inp = pred.get_input_handle("x")
     inp.reshape([n, n])
     inp.copy_from_cpu(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
     t = _timed(lambda _: pred.run(), None, warmup=2, repeats=repeats)
-    return float(2 * n ** 3 / t.min() / 1e9)
+    return float(2 * n ** 3 / t.min() / 1e9)  # bias add (n^2) is noise next to 2n^3
 
 
 # -------- MACs from the ProgramDesc --------------------------------------------------------

@@ -97,7 +97,8 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
     onnx_format=False keeps fake-quant ops that Paddle Inference's oneDNN INT8 path and Lite both read
     (and keeps flatten's XShape).
     """
-    with _quiet():  # heavy import, and it warns about setuptools/distutils
+    with warnings.catch_warnings():  # setuptools/distutils noise. Not under _quiet: loggers created
+        warnings.simplefilter("ignore")  # there would keep the redirected stderr as their stream forever
         from paddleslim.quant import quant_post_static
 
     if algo not in ALGOS:
@@ -147,28 +148,28 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
 
 
 def int8_sensitivity(model_prefix: str | os.PathLike, work_dir: str | os.PathLike, calib_inputs: np.ndarray,
-                     eval_fn: Callable[[str], float], *, algo: str = "hist", batch_size: int = 32,
-                     batch_nums: int = 10, top_k: int = 5, fp32_metric: float | None = None,
+                     eval_fn: Callable[[str, str], float], *, algo: str = "hist", batch_size: int = 32,
+                     batch_nums: int = 10, top_k: int | None = 5, fp32_metric: float | None = None,
                      quantizable_op_type: Sequence[str] = DEFAULT_OP_TYPES) -> list[dict]:
-    """Quantize one layer at a time (all others skipped) and score each with eval_fn(prefix) -> metric.
+    """Quantize one layer at a time (all other quantizable layers skipped) and score it.
 
-    eval_fn is called with the fp32 prefix once (unless fp32_metric is given) and with each single-layer
-    INT8 prefix; it decides the engine/precision. Returns the top_k rows by drop (largest first):
-    {"layer", "op", "metric", "drop"}. Higher metric is assumed better.
+    eval_fn(prefix, precision) -> metric, higher is better; called as (fp32 prefix, "fp32") once unless
+    fp32_metric is given, then (single-layer quant prefix, "int8") per layer. Returns the top_k rows
+    (all if top_k is None) by drop, largest first: {"layer", "op", "metric", "drop"}.
+    Cost: one PTQ + one eval per layer.
     """
     model_prefix = str(model_prefix)
     layers = _weight_ops(model_prefix, quantizable_op_type)
     if not layers:
         raise PipelineError(f"{model_prefix} has no quantizable layers of types {list(quantizable_op_type)}")
-    base = float(eval_fn(model_prefix)) if fp32_metric is None else float(fp32_metric)
+    base = float(eval_fn(model_prefix, "fp32")) if fp32_metric is None else float(fp32_metric)
     names = [n for n, _ in layers]
     rows = []
     for i, (name, op) in enumerate(layers):
-        out = Path(work_dir) / f"layer{i:03d}"
-        prefix = quantize_ptq(model_prefix, out, calib_inputs, algo=algo, batch_size=batch_size,
-                              batch_nums=batch_nums, skip_tensor_list=[n for n in names if n != name],
-                              quantizable_op_type=quantizable_op_type)
-        m = float(eval_fn(prefix))
+        prefix = quantize_ptq(model_prefix, Path(work_dir) / f"layer{i:03d}", calib_inputs, algo=algo,
+                              batch_size=batch_size, batch_nums=batch_nums,
+                              skip_tensor_list=[n for n in names if n != name], quantizable_op_type=quantizable_op_type)
+        m = float(eval_fn(prefix, "int8"))
         rows.append({"layer": name, "op": op, "metric": m, "drop": base - m})
     rows.sort(key=lambda r: r["drop"], reverse=True)
     return rows[:top_k] if top_k else rows
