@@ -9,3 +9,5 @@ from .env import apply_cpu_tuning as _apply_cpu_tuning
 
 __version__ = "0.1.0"
 _apply_cpu_tuning()
+# Paddle's C++ INFO/WARNING chatter (executor banners, deprecations) drowns the summary; errors stay visible
+__import__("os").environ.setdefault("GLOG_minloglevel", "2")

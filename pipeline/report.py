@@ -27,7 +27,10 @@ def write_junit(path: Path, facts: dict, comparisons: list, stage_errors: dict[s
             ET.SubElement(case, "failure", message=f"{key}: {g['reason']}"[:500], type="GateFailed").text = g["reason"]
         elif g["status"] == "SKIPPED":
             ET.SubElement(case, "skipped", message=g["reason"][:500])
-    for stage, err in stage_errors.items():          # a stage that crashed has no gates: still visible
+    gated = {g["stage"] for g in facts["gates"].values()}
+    for stage, err in stage_errors.items():          # a stage that crashed or never ran has no gates: still visible
+        if stage in gated:
+            continue
         case = ET.SubElement(suite, "testcase", classname=f"gates.{stage}", name=f"{stage} stage", time="0")
         ET.SubElement(case, "error", message=err[:500], type="StageError").text = err
     comp = ET.SubElement(root, "testsuite", name="regression")

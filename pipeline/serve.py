@@ -240,6 +240,8 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
     import uvicorn
 
     app = create_app(bundle, threads=threads)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
     log.info("serving %s on http://%s:%d (POST /predict, GET /health)", bundle, host, port)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 

@@ -59,11 +59,11 @@ def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -
 
 
 def print_summary(run_dir: Path, stage_order: list[str], outcomes: dict[str, str], console: Console | None = None):
-    console = console or Console(width=140)
+    console = console or Console(width=170)
     table = Table(title=f"run {run_dir}", header_style="bold")
     for col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "verdict",
                 "p50 (b=1)", "time"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("stage", "precision", "value", "Δ vs ref", "limit", "time"))
+        table.add_column(col, overflow="fold", no_wrap=col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "time"))
     rows, notes = gate_rows(run_dir, stage_order, outcomes)
     for r in rows:
         key = r[7].split(" ")[0]

@@ -68,6 +68,15 @@ def edit_distance(a: Sequence, b: Sequence) -> int:
     """Levenshtein distance (insert, delete, substitute all cost 1); two-row DP."""
     if a == b:
         return 0
+    # strip the common prefix and suffix: predictions are mostly right, so the DP shrinks to
+    # the differing middle (often a single character)
+    start = 0
+    while start < len(a) and start < len(b) and a[start] == b[start]:
+        start += 1
+    end_a, end_b = len(a), len(b)
+    while end_a > start and end_b > start and a[end_a - 1] == b[end_b - 1]:
+        end_a, end_b = end_a - 1, end_b - 1
+    a, b = a[start:end_a], b[start:end_b]
     if len(a) < len(b):
         a, b = b, a
     if not b:

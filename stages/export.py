@@ -34,7 +34,7 @@ def run(ctx: StageContext) -> StageResult:
     model.eval()
     spec = [InputSpec([None] + info["input_shape"][1:], "float32", "x")]        # dynamic batch
     t0 = time.perf_counter()
-    static_model = paddle.jit.to_static(model, input_spec=spec)
+    static_model = paddle.jit.to_static(model, input_spec=spec, full_graph=True)   # AST mode: honours input_spec
     prefix = ctx.out_dir / "inference"
     paddle.jit.save(static_model, str(prefix), input_spec=spec)
     seconds = time.perf_counter() - t0

@@ -46,6 +46,8 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     evaluate(gate, out, ref_out, tol.atol, value, tol.metric_delta)
     gate.extra.update(_perf(engine, x, ctx.cfg.server.perf))
     gate.extra["notes"] = list(engine.notes)
+    if getattr(engine, "int8_quantized", None):
+        gate.extra["int8_ops"] = dict(engine.int8_quantized)      # what oneDNN really ran in INT8
     gate.seconds = round(time.perf_counter() - t0, 2)
     return gate
 
@@ -136,8 +138,8 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
     if gate.status == FAIL and q.sensitivity_on_fail:
         log.info("[server] int8 gate failed: ranking layers by accuracy impact (quant.sensitivity_on_fail)")
 
-        def score(p: str) -> float:
-            e = pi.InferenceEngine(p, "int8" if p != prefix else "fp32", **common)
+        def score(p: str, precision: str) -> float:
+            e = pi.InferenceEngine(p, precision, **common)
             return task.metrics(e.run_batched(x, 64), labels)[task.primary_metric]
 
         rows = quant.int8_sensitivity(prefix, ctx.work_dir / "sensitivity", calib, score, algo=q.algo,

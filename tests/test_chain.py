@@ -92,3 +92,14 @@ def test_impossible_tolerance_fails_loudly_and_keeps_outputs(smoke_run):
 def test_missing_input_names_the_target(tmp_path):
     res = cli("run", "export", "-c", "configs/smoke.yaml", "-o", f"run.root={tmp_path}")
     assert res.returncode != 0 and "make train" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_int8_failure_ranks_sensitive_layers(smoke_run):
+    run_dir, _, args, _ = smoke_run
+    res = cli("run", "server", *args, "-o", "server.gates.int8.atol=1e-9", "-o", "server.precisions=[fp32,int8]")
+    assert res.returncode != 0
+    man = json.loads((run_dir / "server.failed" / "manifest.json").read_text())
+    int8 = next(g for g in man["gates"] if g["subject"] == "paddle-inference int8")
+    rows = int8["extra"]["sensitivity"]
+    assert rows and {"layer", "op", "metric", "drop"} <= set(rows[0])
+    assert "most sensitive layers" in int8["reason"] and "server.quant.skip" in int8["reason"]
