@@ -23,8 +23,9 @@ $(STAMP): requirements.txt scripts/find_python.sh
 	@set -e; py="$$(scripts/find_python.sh)"; \
 	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then \
 	  echo "creating $(VENV) with $$py"; rm -rf $(VENV); "$$py" -m venv $(VENV); fi
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PADDLE_$(DEVICE)) -r requirements.txt
+	@set -o pipefail; $(PY) -m pip install --quiet --upgrade pip 2>&1 | { grep -v "is ignored: it is neither" || true; }
+	@echo "installing $(PADDLE_$(DEVICE)) and requirements.txt into $(VENV) (about a minute)"
+	@set -o pipefail; $(PY) -m pip install --quiet $(PADDLE_$(DEVICE)) -r requirements.txt 2>&1 	  | { grep -v "is ignored: it is neither" || true; }
 	@rm -f $(VENV)/.installed-*
 	@$(PY) -c "import zlib, paddle, paddlelite.lite, paddleslim; print('setup ok: paddle', paddle.__version__)" 2>&1 | tail -n1
 	@touch $@
@@ -93,3 +94,9 @@ bench-deploy: $(STAMP)
 	$(PY) scripts/bench_deploy.py -c $(CONFIG) $(foreach o,$(O),-o $(o))
 
 bench: bench-train amp-bench bench-deploy
+
+bench-train: $(STAMP)
+	$(PY) scripts/bench_train.py
+
+amp-bench: $(STAMP)
+	$(PY) scripts/amp_bench.py

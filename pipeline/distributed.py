@@ -47,6 +47,7 @@ def _child_env(cfg, nproc: int) -> dict:
             child[key] = str(threads)
     child["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     child["PYTHONUNBUFFERED"] = "1"
+    child.setdefault("GLOG_minloglevel", "1")        # hide gloo's per-connection INFO lines; warnings stay
     return child
 
 

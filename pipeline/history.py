@@ -103,16 +103,17 @@ def print_trend(history: History, limit: int = 20, console=None) -> None:
     lat_key = next((k for k, g in latest.items() if g["latency_p50"] is not None), None)
     size_key = next((k for k in latest if k.startswith("bundle:")), None)
     table = Table(title=f"run history ({history.path})", header_style="bold")
-    for col in ["run", "time (UTC)", "commit", "status", *keys]:
+    table.add_column("run", no_wrap=True)
+    for col in ["time (UTC)", "commit", "status", *(k.replace(": ", "\n") for k in keys)]:
         table.add_column(col, overflow="fold")
     if lat_key:
-        table.add_column(f"p50 ms ({lat_key})", overflow="fold")
+        table.add_column(f"p50 ms\n{lat_key.split(': ', 1)[1]}", overflow="fold")
     if size_key:
         table.add_column("bundle MB")
     style = {"passed": "green", "regressed": "bold red", "failed": "bold red"}
     for r in rows:
         g = r["gates"]
-        cells = [r["name"], r["time"][:19], (r["git_commit"] or "")[:10],
+        cells = [r["name"], r["time"][:16].replace("T", " "), (r["git_commit"] or "")[:10],
                  f"[{style.get(r['status'], '')}]{r['status']}[/]" + (f" ({r['regressions']})" if r["regressions"] else "")]
         cells += [_fmt(g.get(k, {}).get("value"), "{:.4f}") for k in keys]
         if lat_key:

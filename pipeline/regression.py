@@ -18,6 +18,7 @@ import yaml
 from .artifacts import load_manifest
 from .config import ROOT
 from .errors import MissingArtifact
+from .gates import Check
 
 LATENCY_FLOOR_MS = 0.05          # differences below this are timer/scheduler noise, whatever the ratio
 MODEL_SUFFIXES = (".pdmodel", ".pdiparams", ".nb")
@@ -64,7 +65,7 @@ def run_facts(run_dir: Path, stage_order: list[str]) -> dict:
             gates[f"{stage}: {g['subject']}"] = {
                 "stage": stage, "subject": g["subject"], "precision": g.get("precision_effective"),
                 "metric": g.get("metric"), "value": g.get("value"), "status": g["status"],
-                "reason": g.get("reason", ""), "seconds": g.get("seconds", 0.0),
+                "reason": _why(g), "seconds": g.get("seconds", 0.0),
                 "latency": lat if isinstance(lat, dict) and lat.get("p50") is not None else None,
                 "bytes": g.get("extra", {}).get("bytes")}
         outputs = man.get("outputs", {}) if man["status"] == "OK" else {}
@@ -83,8 +84,20 @@ def run_facts(run_dir: Path, stage_order: list[str]) -> dict:
             for k, v in outputs.items():
                 if k.endswith(MODEL_SUFFIXES):
                     sizes[f"{stage}: {k}"] = v["bytes"]
+    server = load_manifest(run_dir / "server") or load_manifest(run_dir / "server.failed") or {}
     return {"name": run_dir.name, "run_dir": str(run_dir), "stages": stages, "gates": gates, "sizes": sizes,
-            "config_hash": config_hash(run_dir)}
+            "config_hash": config_hash(run_dir),
+            # the server stage's matmul probe, measured minutes from its latencies: how fast the machine was
+            "machine_gflops": server.get("info", {}).get("matmul_peak_gflops")}
+
+
+def _why(g: dict) -> str:
+    """A failed gate's failing checks (its reason field may hold notes); else its reason."""
+    if g["status"] == "FAIL":
+        bad = [Check(**c).describe() for c in g.get("checks", []) if not c.get("passed", True)]
+        if bad:
+            return "; ".join(bad)
+    return g.get("reason") or ""
 
 
 def config_hash(run_dir: Path) -> str | None:
@@ -101,6 +114,7 @@ def config_hash(run_dir: Path) -> str | None:
 def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, latency_growth: float,
             latency_floor_ms: float = LATENCY_FLOOR_MS) -> list[Comparison]:
     out: list[Comparison] = []
+    speed = _slowdown(base.get("machine_gflops"), cur.get("machine_gflops"))
     for key, b in base["gates"].items():
         c = cur["gates"].get(key)
         now = c["status"] if c else "missing"
@@ -119,7 +133,7 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
                                   f"{key}: {b['metric']} {b['value']:.4f} → {c['value']:.4f} "
                                   f"(drop {drop:+.4f}, limit {metric_drop:g})"))
         if b["latency"] and c["latency"]:
-            out.append(_latency(key, b["latency"], c["latency"], latency_growth, latency_floor_ms))
+            out.append(_latency(key, b["latency"], c["latency"], latency_growth, latency_floor_ms, speed))
     for key, b_bytes in base["sizes"].items():
         c_bytes = cur["sizes"].get(key)
         if c_bytes is None or not b_bytes:
@@ -131,25 +145,40 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
     return out
 
 
-def _latency(key: str, b: dict, c: dict, growth: float, floor: float) -> Comparison:
-    """Noise-aware: medians (p50 of many repeats) are compared, with a relative limit; a slowdown
-    counts only if it also exceeds an absolute floor and lands above the baseline's own p90
-    (a median inside the baseline's spread is noise, not a regression)."""
-    b50, c50 = float(b["p50"]), float(c["p50"])
+def _slowdown(base_gflops, cur_gflops) -> float:
+    """Factor (<= 1) by which this run's latencies are scaled when its machine probe was slower than the
+    baseline's (a loaded CI box). Never > 1: a faster probe must not turn noise into a regression."""
+    if not (_num(base_gflops) and _num(cur_gflops)) or base_gflops <= 0:
+        return 1.0
+    return min(1.0, cur_gflops / base_gflops)
+
+
+def _latency(key: str, b: dict, c: dict, growth: float, floor: float, speed: float = 1.0) -> Comparison:
+    """Noise-aware: medians (p50 of many repeats) are compared with a relative limit, after scaling for a
+    slower machine (see _slowdown); a slowdown counts only if it also exceeds an absolute floor and lands
+    above the baseline's own p90 (a median inside the baseline's spread is noise, not a regression)."""
+    b50, raw = float(b["p50"]), float(c["p50"])
+    c50 = raw * speed
     rel = c50 / b50 - 1 if b50 > 0 else 0.0
     spread = float(b.get("p90") or b50)
     bad = rel > growth and (c50 - b50) > floor and c50 > spread
+    norm = f", {raw:.3f} ms measured on a {1 / speed:.2f}x slower machine" if speed < 1 else ""
     return Comparison(f"latency · {key} (p50)", "latency", b50, c50, f"growth ≤ {growth:.0%}", not bad,
                       f"{key}: p50 {b50:.3f} → {c50:.3f} ms ({rel:+.1%}, limit +{growth:.0%}, "
-                      f"baseline p90 {spread:.3f} ms)")
+                      f"baseline p90 {spread:.3f} ms{norm})")
 
 
 def _num(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
+_PRIORITY = {"metric": 0, "status": 1, "size": 2, "latency": 3}
+
+
 def regressions(comparisons: list[Comparison]) -> list[Comparison]:
-    return [c for c in comparisons if not c.passed]
+    """Failed comparisons, most telling first: a metric drop explains the gates that stopped passing."""
+    bad = [c for c in comparisons if not c.passed]
+    return sorted(bad, key=lambda c: (_PRIORITY.get(c.kind, 9), c.current == "missing"))
 
 
 def regression_block(baseline: str, regs: list[Comparison]) -> str:

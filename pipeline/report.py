@@ -124,8 +124,11 @@ def plot_latency(run_dir: Path, facts: dict) -> str | None:
 def plot_trend(run_dir: Path, trend: list[dict]) -> str | None:
     if len(trend) < 2:
         return None
-    keys = [k for k, g in trend[-1]["gates"].items() if _finite(g["value"])][:8]
-    lat_keys = [k for k, g in trend[-1]["gates"].items() if g["latency_p50"] is not None][:4]
+    keys, lat_keys = [], []                       # every gate seen in the window, in first-seen order
+    for r in trend:
+        keys += [k for k, g in r["gates"].items() if _finite(g["value"]) and k not in keys]
+        lat_keys += [k for k, g in r["gates"].items() if g["latency_p50"] is not None and k not in lat_keys]
+    keys, lat_keys = keys[:8], lat_keys[:4]
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
     x = list(range(len(trend)))
@@ -136,7 +139,8 @@ def plot_trend(run_dir: Path, trend: list[dict]) -> str | None:
     for ax, title in ((a1, "primary metric over runs"), (a2, "latency p50 (ms) over runs")):
         ax.set_xticks(x, [r["name"][-15:] for r in trend], rotation=45, ha="right", fontsize=7)
         ax.set_title(title)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     return _save(fig, run_dir, "plot_trend.png")
 
 
@@ -171,12 +175,15 @@ def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | Non
     plots = [("Training curves", plot_training(run_dir)), ("Metric per stage and precision",
              plot_metrics(run_dir, facts, base)), ("Latency per engine", plot_latency(run_dir, facts)),
              ("Trend over past runs", plot_trend(run_dir, trend))]
-    regs = [c for c in comparisons if not c.passed]
+    from .regression import regressions
+    regs = regressions(comparisons)
     parts = [f"<!doctype html><meta charset='utf-8'><title>{e(facts['name'])}</title><style>{CSS}</style>",
              f"<h1>Run {e(facts['name'])}: <span class='{e(status)}'>{e(status)}</span></h1>",
              f"<p>Baseline: {e(baseline_label)} · stages: "
              + ", ".join(f"{e(s)} <span class='{e(st)}'>{e(st)}</span>" for s, st in facts["stages"].items())
-             + "</p>"]
+             + "</p>",
+             f"<p>Machine probe (matmul GFLOP/s, scales latency comparisons): {_short(facts.get('machine_gflops'))}"
+             + (f" · baseline {_short(base.get('machine_gflops'))}" if base else "") + "</p>"]
     if regs:
         parts.append("<h2 class='FAIL'>Regressions</h2><ul>" + "".join(f"<li>[{e(c.kind)}] {e(c.message)}</li>"
                                                                       for c in regs) + "</ul>")
@@ -200,6 +207,8 @@ def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | Non
 
 
 def _short(v) -> str:
+    if v is None:
+        return "n/a"
     if isinstance(v, float):
         return f"{v:.4g}"
     return f"{v:,}" if isinstance(v, int) else str(v)

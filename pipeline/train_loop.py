@@ -67,8 +67,9 @@ def build_optimizer(tr, model, steps_per_epoch: int):
 class NonFiniteGuard:
     """Counts consecutive non-finite losses; K in a row stops training with advice."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, kept: str = "no checkpoint was written yet"):
         self.limit, self.streak, self.total = limit, 0, 0
+        self.kept = kept            # what survives: updated by the loop after every checkpoint
 
     def check(self, loss_value: float, step: int) -> bool:
         if math.isfinite(loss_value):
@@ -78,7 +79,7 @@ class NonFiniteGuard:
         self.total += 1
         if self.streak >= self.limit:
             raise NonFiniteError(f"train: loss was NaN/Inf for {self.streak} consecutive steps (last at step {step}, "
-                                 f"limit train.max_nonfinite_steps={self.limit}); the last good checkpoint is kept",
+                                 f"limit train.max_nonfinite_steps={self.limit}); {self.kept}",
                                  hint=NONFINITE_HINT)
         return False
 
@@ -108,7 +109,7 @@ def _check_weights_finite(state: dict, epoch: int) -> None:
     bad = [k for k, v in state.items() if hasattr(v, "numpy") and not np.isfinite(v.numpy()).all()]
     if bad:
         raise NonFiniteError(f"train: weights became NaN/Inf during epoch {epoch} ({bad[0]} and {len(bad) - 1} more); "
-                             "the last good checkpoint is kept", hint=NONFINITE_HINT)
+                             "nothing was checkpointed for this epoch", hint=NONFINITE_HINT)
 
 
 def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
@@ -132,7 +133,10 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
     key = f"{ctx.fingerprint}-nproc{nproc}"           # a 2-process checkpoint is not a 1-process one
     start_epoch, history, best, best_state, best_bytes, best_epoch = 0, [], -math.inf, None, None, 0
 
-    resumed = checkpoint.load(ckpt_dir, key) if tr.resume else None
+    force = getattr(ctx, "force", False)
+    resumed = checkpoint.load(ckpt_dir, key) if tr.resume and not force else None
+    if force and tr.resume and checkpoint.current(ckpt_dir) is not None:
+        log.info("[train] FORCE: not resuming from %s, training from scratch", ckpt_dir)
     if resumed:
         states, meta = resumed
         amp.load_state(model, states["model"])       # fp32 on disk; cast back to fp16 under O2
@@ -146,6 +150,8 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
 
     vdl = open_visualdl(ctx.work_dir / "visualdl") if (tr.visualdl and rank == 0) else None
     guard = NonFiniteGuard(tr.max_nonfinite_steps)
+    if resumed:
+        guard.kept = f"the last good checkpoint (epoch {start_epoch}) is kept in {ckpt_dir}"
     try:
         for epoch in range(start_epoch, tr.epochs):
             epoch_seed = cfg.seed * 1000 + epoch
@@ -218,6 +224,7 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
                     "epochs": tr.epochs, "nproc": nproc,
                     # the RNG state at an epoch boundary is fully given by these seeds (re-seeded every epoch)
                     "rng": {"paddle_seed": epoch_seed + 1, "permutation_seed": epoch_seed + 1}})
+                guard.kept = f"the last good checkpoint (epoch {epoch + 1}) is kept in {ckpt_dir}"
                 atomic_write_text(ctx.work_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
                 if vdl is not None:
                     for k in ("loss", task.primary_metric, "lr", "samples_per_s", "skipped_steps", "loss_scale"):

@@ -104,8 +104,12 @@ def run(ctx: StageContext) -> StageResult:
 
     fp32 = sizes.get(("arm", "fp32"))
     for g in gates:
-        if fp32 and "bytes" in g.extra:
-            g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / fp32, 3)
+        if "bytes" in g.extra:
+            size = f"{g.extra['bytes'] / 1024:.0f} KiB"
+            if fp32:
+                g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / fp32, 3)
+                size += f", {g.extra['size_ratio_vs_fp32']:.2f}× arm fp32"
+            g.reason = f"{g.reason}; {size}" if g.reason else size
     write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": files})
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics={g.subject: g.extra.get("bytes") for g in gates}, info={"ops": ops})

@@ -27,7 +27,7 @@ def _gate(stage, subject, value, status="OK", **extra):
 
 
 def make_run(root: Path, name: str, acc=0.95, p50=1.0, p90=1.2, nb=100_000, server_status="OK",
-             skip_bundle=False) -> Path:
+             skip_bundle=False, gflops=40.0) -> Path:
     """A run folder shaped like the runner's output: <stage>/manifest.json with gates and outputs."""
     run = root / name
     lat = {"p50": p50, "p90": p90, "p99": p90 * 1.2, "mean": p50}
@@ -52,8 +52,9 @@ def make_run(root: Path, name: str, acc=0.95, p50=1.0, p90=1.2, nb=100_000, serv
         folder = run / (stage if status == "OK" else f"{stage}.failed")
         folder.mkdir(parents=True)
         outs = {k: {"sha256": "0" * 64, "bytes": b} for k, b in outputs.items()}
+        info = {"matmul_peak_gflops": gflops} if stage == "server" else {}
         (folder / "manifest.json").write_text(json.dumps({"stage": stage, "status": status, "gates": gates,
-                                                          "outputs": outs}))
+                                                          "outputs": outs, "info": info}))
     (run / "train" / "metrics.jsonl").write_text("".join(
         json.dumps({"epoch": e, "loss": 3.0 / e, "accuracy": acc * e / 3}) + "\n" for e in (1, 2, 3)))
     (run / "config.resolved.yaml").write_text("task: classification\nseed: 42\nrun: {name: %s}\n" % name)
@@ -96,6 +97,20 @@ def test_latency_is_noise_aware(tmp_path, p50, p90, cur, flagged):
     assert bool(regs) == flagged
     if flagged:
         assert "server: paddle-inference fp32: p50" in regs[0].message
+
+
+@pytest.mark.parametrize("gflops,flagged", [
+    (40.0, True),       # same machine speed: 1.0 → 2.0 ms is a regression
+    (16.0, False),      # the probe says the machine was 2.5x slower: 2.0 ms scales to 0.8 ms
+    (80.0, True),       # a faster probe never excuses, and never inflates (still 2.0 ms)
+])
+def test_latency_is_scaled_for_a_slower_machine(tmp_path, gflops, flagged):
+    base = run_facts(make_run(tmp_path, "a", p50=1.0, p90=1.1, gflops=40.0), STAGES)
+    now = run_facts(make_run(tmp_path, "b", p50=2.0, p90=2.2, gflops=gflops), STAGES)
+    regs = [c for c in regressions(compare(base, now, **LIMITS)) if c.kind == "latency"]
+    assert bool(regs) == flagged
+    if flagged:
+        assert regs[0].current == pytest.approx(2.0)
 
 
 def test_gate_that_stops_passing_or_disappears(tmp_path):

@@ -173,6 +173,7 @@ def test_nan_guard_stops_with_hint_and_keeps_last_good_checkpoint(tmp_path, monk
     assert outcome.status == "ERROR" and isinstance(outcome.error, NonFiniteError)
     line = outcome.error.one_line()
     assert "3 consecutive steps" in line and "custom_black_list" in line and "bfloat16" in line and "\n" not in line
+    assert "last good checkpoint (epoch 2) is kept" in line
     assert load_manifest(cfg.run_dir / "train") is None                  # no half-made output
     ckpt = cfg.run_dir / ".work" / "train" / "checkpoint"
     meta = checkpoint.read_meta(ckpt)
@@ -304,3 +305,29 @@ def test_two_processes_make_one_set_of_artifacts(tmp_path):
     assert [json.loads(l)["nproc"] for l in (run / "train" / "metrics.jsonl").read_text().splitlines()] == [2, 2]
     assert "workerlog" in res.stderr
     assert time.time() - t0 < 90
+
+
+def test_visualdl_logging_when_enabled(tmp_path, monkeypatch):
+    """VisualDL is optional (not in requirements): a stand-in module records what the trainer logs."""
+    from pipeline.runner import Runner
+
+    fake = tmp_path / "fakevdl" / "visualdl"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, pathlib\n"
+        "class LogWriter:\n"
+        "    def __init__(self, logdir):\n"
+        "        self.path = pathlib.Path(logdir) / 'scalars.jsonl'\n"
+        "        self.path.parent.mkdir(parents=True, exist_ok=True)\n"
+        "    def add_scalar(self, tag, value, step):\n"
+        "        with open(self.path, 'a') as f:\n"
+        "            f.write(json.dumps([tag, value, step]) + '\\n')\n"
+        "    def close(self):\n"
+        "        pass\n")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    monkeypatch.delitem(sys.modules, "visualdl", raising=False)
+    cfg = _tiny_cfg(tmp_path, "train.visualdl=true", "train.epochs=2")
+    (outcome,) = Runner(cfg).run(["train"])
+    assert outcome.status == "OK", outcome.error
+    rows = [json.loads(l) for l in (cfg.run_dir / ".work" / "train" / "visualdl" / "scalars.jsonl").read_text().splitlines()]
+    assert {(t, s) for t, _, s in rows} >= {("train/loss", 1), ("train/accuracy", 2), ("train/samples_per_s", 2)}

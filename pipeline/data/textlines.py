@@ -24,7 +24,7 @@ from ..preprocess import fit_image
 DEFAULT_CHARSET = string.digits + string.ascii_uppercase + "-.,/:"
 
 # Bump when the renderer changes so cached .npz files from an older renderer are not reused.
-RENDER_VERSION = 2
+RENDER_VERSION = 3
 
 _FONT_SIZES = (18, 20, 22, 24, 26, 28, 30)   # a small set, so fonts are loaded once and cached
 _FontT = ImageFont.FreeTypeFont | ImageFont.ImageFont
@@ -115,16 +115,21 @@ class _Glyphs:
 
     def __init__(self, tables: list[dict[int, _FontT]]):
         self.tables = tables
-        self.cache: dict[tuple[int, int, str], tuple[np.ndarray, float]] = {}
+        self.cache: dict[tuple[int, int, str], tuple[np.ndarray, int, float]] = {}
 
-    def get(self, table: int, size: int, char: str) -> tuple[np.ndarray, float]:
+    def get(self, table: int, size: int, char: str) -> tuple[np.ndarray, int, float]:
+        """(ink mask, x offset of the pen origin inside the mask, advance width)."""
         key = (table, size, char)
         if key not in self.cache:
             font = self.tables[table][size]
             advance = float(font.getlength(char))
-            img = Image.new("L", (int(advance) + size, int(size * 1.5)), 0)
-            ImageDraw.Draw(img).text((0, 0), char, fill=255, font=font)
-            self.cache[key] = (np.asarray(img), advance)
+            # size the mask from the glyph's bbox (user fonts may have tall ascenders or a
+            # negative left bearing); every glyph is drawn at y=0 so baselines line up
+            left, _, right, bottom = font.getbbox(char)
+            ox = max(0, -int(left))
+            img = Image.new("L", (ox + max(int(right), int(advance)) + 2, max(int(bottom), size) + 2), 0)
+            ImageDraw.Draw(img).text((ox, 0), char, fill=255, font=font)
+            self.cache[key] = (np.asarray(img), ox, advance)
         return self.cache[key]
 
 
@@ -134,20 +139,21 @@ def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Ran
     # what a 4-pixel CTC time step can resolve (measured: most errors were lost punctuation)
     spacing = r.uniform(-0.03, 0.2) * size
     marks = [glyphs.get(table, size, c) for c in text]
-    text_w = sum(adv + spacing for _, adv in marks)
+    text_w = sum(adv + spacing for _, _, adv in marks)
     # room for a 2 degree rotation (tan 2° ≈ 0.035) plus the crop margins, and no more:
     # rotation cost grows with the canvas area
     pad = int(0.035 * text_w) + size // 4 + 3
-    width = int(text_w + 2 * pad + size)
-    height = int(size * 1.5) + 2 * pad + 2
+    xs, x = [], float(pad)
+    for mask, ox, adv in marks:
+        xs.append(max(0, int(round(x)) - ox))
+        x += adv + spacing
+    width = max(xi + m.shape[1] for xi, (m, _, _) in zip(xs, marks)) + pad
+    height = max(m.shape[0] for m, _, _ in marks) + 2 * pad + 1
     alpha = np.zeros((height, width), dtype=np.uint8)
-    x = float(pad)
-    for mask, adv in marks:
+    for xi, (mask, _, _) in zip(xs, marks):
         y = pad + r.randint(0, 1)                    # a pixel of baseline jitter, like a cheap printer
-        xi = int(round(x))
         region = alpha[y:y + mask.shape[0], xi:xi + mask.shape[1]]
         np.maximum(region, mask, out=region)         # overlapping glyphs (negative spacing) merge
-        x += adv + spacing
     ink = Image.fromarray(alpha)
     angle = r.uniform(-2.0, 2.0)
     if abs(angle) > 0.3:
