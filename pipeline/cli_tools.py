@@ -99,7 +99,7 @@ def _nightly(args) -> int:
         raise ConfigError(f"nightly needs a fresh run folder, {cfg.run_dir} exists",
                           hint="drop the run.name override (a timestamped name is chosen)")
     import_paddle_quietly()
-    outcomes = Runner(cfg, force=True).run(_stage_order())
+    outcomes = Runner(cfg).run(_stage_order())           # a fresh folder: nothing to skip
     print_summary(cfg.run_dir, _stage_order(), {o.stage: o.status for o in outcomes})
     errors = {o.stage: o.error.one_line() for o in outcomes if o.error is not None}
     for msg in errors.values():

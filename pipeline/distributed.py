@@ -128,12 +128,15 @@ def launch(args) -> int:
     if status is not None and status.get("exit_code", 1) != 0:
         return int(status["exit_code"])      # rank 0 already printed its one-line error (streamed above)
     if proc.returncode != 0 or status is None:
-        failed = [i for i in range(nproc) if "Traceback" in (log_dir / f"workerlog.{i}").read_text(errors="replace")] \
-            if log_dir.exists() else []
-        who = failed[0] if failed else 0
-        raise PipelineError(f"distributed training failed (launcher exit code {proc.returncode}); worker {who}: "
-                            f"{_last_line(log_dir / f'workerlog.{who}') or 'no output'}",
-                            hint=f"full logs in {log_dir}/workerlog.N and {log_dir}/launch.log")
+        logs = {i: (log_dir / f"workerlog.{i}") for i in range(nproc)}
+        texts = {i: (p.read_text(errors="replace") if p.is_file() else "") for i, p in logs.items()}
+        crashed = [i for i, t in texts.items() if "Traceback" in t or "SIGABRT" in t or "SIGSEGV" in t]
+        who = crashed[0] if crashed else 0
+        peer = " (a peer process died or hung: every rank's log matters)" if "TIMEOUT" in texts[who] or \
+            "SIGABRT" in texts[who] else ""
+        raise PipelineError(f"distributed training failed (launcher exit code {proc.returncode}); worker {who} "
+                            f"last wrote: {_last_line(logs[who]) or 'nothing'}{peer}",
+                            hint=f"full logs in {log_dir}/workerlog.0..{nproc - 1} and {log_dir}/launch.log")
     return 0
 
 

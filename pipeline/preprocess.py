@@ -49,4 +49,5 @@ def decode_image_bytes(data: bytes, spec: dict) -> np.ndarray:
             img.load()
             return fit_image(img, spec)
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise DataError(f"not a readable PNG/JPEG image: {exc}") from None
+        why = "unrecognised image format" if isinstance(exc, Image.UnidentifiedImageError) else str(exc)
+        raise DataError(f"not a readable PNG/JPEG image ({why})", hint="send a PNG or JPEG file") from None

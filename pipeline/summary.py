@@ -46,13 +46,13 @@ def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -
         tag = " (cached)" if state == "CACHED" else ""
         for d in man.get("gates", []):
             g = Gate.from_dict(d)
+            subject = g.subject.replace("paddle-inference ", "inference ").removeprefix("lite ")
             verdict = g.status
             if g.reason:
-                notes.append(f"{g.stage} {g.subject}: {g.reason}")
+                notes.append(f"{g.stage} {subject}: {g.reason}")
                 verdict += f" [{len(notes)}]"
             lat = g.extra.get("latency_ms")
             p50 = f"{lat['p50']:.2f} ms" if isinstance(lat, dict) and lat.get("p50") is not None else ""
-            subject = g.subject.replace("paddle-inference ", "inference ").removeprefix("lite ")
             rows.append([name, subject, g.precision_effective, g.metric, _num(g.value),
                          _num(g.delta, "{:+.4f}"), _limit(g), verdict + tag, p50, f"{g.seconds:.1f}s"])
     return rows, notes

@@ -84,14 +84,19 @@ class NonFiniteGuard:
         return False
 
 
-def open_visualdl(logdir):
-    """VisualDL writer, imported lazily: it is optional and not in requirements.txt."""
+def require_visualdl():
+    """VisualDL's LogWriter, imported lazily: the package is optional and not in requirements.txt."""
     try:
         from visualdl import LogWriter
     except ImportError:
         raise ConfigError("train.visualdl is true but the visualdl package is not installed",
                           hint="pip install visualdl into .venv, or set train.visualdl=false") from None
-    return LogWriter(logdir=str(logdir))
+    return LogWriter
+
+
+def open_visualdl(logdir):
+    log.info("[train] VisualDL: visualdl --logdir %s", logdir)
+    return require_visualdl()(logdir=str(logdir))
 
 
 def _global_loss(loss, nproc: int) -> float:

@@ -109,6 +109,9 @@ def run(ctx: StageContext) -> StageResult:
                      reason=exc.one_line())
             gates.append(g)
 
+    if sc.http.enable:
+        gates.append(_http_row(ctx, task, info, prefix, exp, labels, ref_out, threads))
+
     peak = perf.matmul_peak_gflops(threads=threads)
     macs = perf.program_macs(prefix, batch=1)
     for g in gates:
@@ -121,6 +124,32 @@ def run(ctx: StageContext) -> StageResult:
                                            "rows": {g.subject: g.extra for g in gates}})
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics={g.subject: g.value for g in gates}, info=info_out)
+
+
+def _http_row(ctx, task, info, prefix, exp, labels, ref_out, threads) -> Gate:
+    """The HTTP service users will run, started on a free local port and gated like an engine."""
+    from pipeline.serve import http_gate
+
+    sc = ctx.cfg.server
+    subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
+    t0 = time.perf_counter()
+    try:
+        with np.load(exp / "reference.npz") as z:
+            images = z["images"]
+        infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
+                     "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
+        res = http_gate(prefix, infer_cfg, images, labels, info["task"], max_requests=sc.http.max_requests,
+                        threads=threads)
+    except PipelineError as exc:
+        return Gate("server", subject, "fp32", "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+    n = res["n"]
+    gate = Gate("server", subject, "fp32", "fp32", task.primary_metric,
+                reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])
+    # images go through PNG decode + preprocessing on the server: same code path, same tolerance as fp32
+    evaluate(gate, res["outputs"], ref_out[:n], sc.gates["fp32"].atol, res["metric"], sc.gates["fp32"].metric_delta)
+    gate.extra.update(latency_ms=res["latency_ms"], requests=n)
+    gate.seconds = round(time.perf_counter() - t0, 2)
+    return gate
 
 
 def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common) -> Gate:

@@ -103,11 +103,11 @@ def run(ctx: StageContext) -> StageResult:
     import paddle
 
     from pipeline.distributed import world
-    from pipeline.train_loop import open_visualdl, predict, train_model
+    from pipeline.train_loop import predict, require_visualdl, train_model
 
     cfg = ctx.cfg
     if cfg.train.visualdl:
-        open_visualdl(ctx.work_dir / "visualdl").close()    # missing package: fail now, not after training
+        require_visualdl()                  # missing package: fail now, not after training
     task = get_task(cfg.task)
     seed_everything(cfg.seed)
     device = pick_device(cfg.train.device)
