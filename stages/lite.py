@@ -8,7 +8,6 @@ Writes: arm_<precision>.nb, x86_fp32.nb, lite.json (sizes, repairs, ops).
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -18,7 +17,7 @@ from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.gates import FAIL, OK, Gate, evaluate, skipped
 from pipeline.runner import Stage, StageContext, StageResult
-from pipeline.tasks import get_task
+from pipeline.reference import load_reference
 
 log = logging.getLogger("pipeline")
 
@@ -43,13 +42,10 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.engines import lite
     from pipeline.engines.program_repair import list_ops
 
-    cfg, lc = ctx.cfg, ctx.cfg.lite
+    lc = ctx.cfg.lite
     exp = ctx.inputs["export"]
-    info = json.loads((exp / "info.json").read_text())
-    task = get_task(info["task"])
-    with np.load(exp / "reference.npz") as z:
-        x, labels, ref_out = z["inputs"], z["labels"], z["outputs"]
-    ref_metric = task.metrics(ref_out, labels)[task.primary_metric]
+    ref = load_reference(exp)
+    info, task, x, labels, ref_out, ref_metric = ref.info, ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
     ops = list_ops(exp / "inference.pdmodel")
     gates, files, sizes = [], {}, {}
 
@@ -116,5 +112,5 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
-              code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py"),
+              code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/reference.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

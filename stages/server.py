@@ -7,7 +7,6 @@ Writes: models/int8 (and models/fp16 on GPU) for the bundle, perf.json.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -18,7 +17,7 @@ from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.gates import FAIL, Gate, evaluate, skipped
 from pipeline.runner import Stage, StageContext, StageResult
-from pipeline.tasks import get_task
+from pipeline.reference import load_reference
 
 log = logging.getLogger("pipeline")
 
@@ -61,18 +60,14 @@ def _device(cfg) -> str:
 
 def run(ctx: StageContext) -> StageResult:
     from pipeline.engines import paddle_infer as pi
-    from pipeline.engines import perf, quant
+    from pipeline.engines import perf
 
     cfg, sc = ctx.cfg, ctx.cfg.server
-    exp = ctx.inputs["export"]
-    info = json.loads((exp / "info.json").read_text())
-    task = get_task(info["task"])
-    with np.load(exp / "reference.npz") as z:
-        x, labels, ref_out = z["inputs"], z["labels"], z["outputs"]
+    ref = load_reference(ctx.inputs["export"])
+    task, x, labels, ref_out, ref_metric = ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
+    prefix = ref.model_prefix
     with np.load(ctx.inputs["train"] / "calib.npz") as z:
         calib = z["inputs"]
-    ref_metric = task.metrics(ref_out, labels)[task.primary_metric]
-    prefix = str(exp / "inference")
     device, threads = _device(cfg), _threads(cfg)
     common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
     gates: list[Gate] = []
@@ -110,7 +105,7 @@ def run(ctx: StageContext) -> StageResult:
             gates.append(g)
 
     if sc.http.enable:
-        gates.append(_http_row(ctx, task, info, prefix, exp, labels, ref_out, threads))
+        gates.append(_http_row(ctx, ref, threads))
 
     peak = perf.matmul_peak_gflops(threads=threads)
     macs = perf.program_macs(prefix, batch=1)
@@ -126,19 +121,17 @@ def run(ctx: StageContext) -> StageResult:
                        metrics={g.subject: g.value for g in gates}, info=info_out)
 
 
-def _http_row(ctx, task, info, prefix, exp, labels, ref_out, threads) -> Gate:
+def _http_row(ctx, ref, threads) -> Gate:
     """The HTTP service users will run, started on a free local port and gated like an engine."""
     from pipeline.serve import http_gate
 
-    sc = ctx.cfg.server
+    sc, task, info, labels, ref_out = ctx.cfg.server, ref.task, ref.info, ref.labels, ref.outputs
     subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
     t0 = time.perf_counter()
     try:
-        with np.load(exp / "reference.npz") as z:
-            images = z["images"]
         infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
                      "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
-        res = http_gate(prefix, infer_cfg, images, labels, info["task"], max_requests=sc.http.max_requests,
+        res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
                         threads=threads)
     except PipelineError as exc:
         return Gate("server", subject, "fp32", "none", task.primary_metric, status=FAIL, reason=exc.one_line())
@@ -180,5 +173,5 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
-              run=run, code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/serve.py"),
+              run=run, code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/serve.py", "pipeline/reference.py"),
               description="Paddle Inference fp32/fp16/bf16/int8 matrix with gates and latency")

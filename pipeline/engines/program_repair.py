@@ -12,7 +12,6 @@ intermediate output; 6.0 is relu6's only threshold).
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -125,18 +124,8 @@ def _add_relu6_threshold(pb: Any, op: Any) -> bool:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from pipeline.artifacts import atomic_write_bytes
+    atomic_write_bytes(path, data)
 
 
 def repair_for_lite(pdmodel_in: str | os.PathLike, pdmodel_out: str | os.PathLike) -> list[str]:
