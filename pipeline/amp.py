@@ -111,12 +111,14 @@ def autocast(amp_cfg, amp_plan: AmpPlan):
 
 
 def fp32_state_dict(model) -> dict:
-    """Export always gets float32 parameters (O2 keeps fp16 copies in the model)."""
+    """A float32 snapshot of the weights: export always gets float32 parameters (O2 keeps fp16 copies in
+    the model), and a copy, not the live tensors, so a kept "best" does not move on with training."""
     import paddle
 
     out = {}
     for k, v in model.state_dict().items():
-        out[k] = v.astype("float32") if v.dtype in (paddle.float16, paddle.bfloat16) else v
+        v = v.detach()
+        out[k] = v.astype("float32") if v.dtype in (paddle.float16, paddle.bfloat16) else v.clone()
     return out
 
 

@@ -44,6 +44,7 @@ class DataCfg(Section):
     num_val: int = PosInt
     height: int = Field(ge=8, le=1024)
     width: int = Field(ge=8, le=4096)
+    channels: Literal[1, 3]
     max_len: int = PosInt
     fonts: list[str]
     on_bad_sample: Literal["error", "skip"]

@@ -1,7 +1,7 @@
 """The one preprocessing path. Training, every engine check, `verify` and `serve` call these,
 and the bundle's infer_config.yaml carries the spec, so no consumer can drift from training.
 
-spec = {"height": H, "width": W, "channels": 1, "mean": m, "std": s, "resize": "stretch"|"pad_right"}
+spec = {"height": H, "width": W, "channels": 1|3, "mean": m, "std": s, "resize": "stretch"|"pad_right"}
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def to_tensor(images: np.ndarray, spec: dict) -> np.ndarray:
                         hint="pass them through fit_image() first")
     x = images.astype(np.float32) / 255.0
     x = (x - float(spec["mean"])) / float(spec["std"])
-    return x[:, None, :, :]
+    x = x[:, None, :, :]
+    # models built for RGB (e.g. paddle.vision) get the gray image on every channel
+    return np.repeat(x, spec.get("channels", 1), axis=1) if spec.get("channels", 1) != 1 else x
 
 
 def fit_image(img: Image.Image, spec: dict) -> np.ndarray:

@@ -36,12 +36,15 @@ def peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # Linux: KiB
 
 
-def predict(model, x: np.ndarray, batch: int = 256) -> np.ndarray:
+def predict(model, x: np.ndarray, batch: int = 256, cast=None) -> np.ndarray:
+    """Outputs as float32 numpy; `cast` (a context factory) is needed for an O2 model's fp16 weights."""
+    import contextlib
+
     import paddle
 
     model.eval()
     outs = []
-    with paddle.no_grad():
+    with paddle.no_grad(), (cast or contextlib.nullcontext)():
         for i in range(0, len(x), batch):
             outs.append(model(paddle.to_tensor(x[i:i + batch])).astype("float32").numpy())
     model.train()
@@ -197,7 +200,8 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
                                     sps=f"{(step + 1) * global_batch / (time.perf_counter() - t0):.0f}", refresh=False)
             bar.close()
             seconds = time.perf_counter() - t0
-            metric = task.metrics(predict(model, val_x), ds.val.labels)[task.primary_metric]
+            outputs = predict(model, val_x, cast=lambda: amp.autocast(tr.amp, plan))
+            metric = task.metrics(outputs, ds.val.labels)[task.primary_metric]
             rec = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
                    task.primary_metric: metric, "lr": lr_used, "loss_scale": amp.loss_scale(scaler),
                    "skipped_steps": nonfinite + scaler_skipped, "scaler_skipped_steps": scaler_skipped,
@@ -208,7 +212,7 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
             history.append(rec)
             state = amp.fp32_state_dict(model)
             _check_weights_finite(state, epoch + 1)
-            if metric > best:
+            if metric >= best:                        # ties go to the later (longer-trained) epoch
                 best, best_state, best_bytes, best_epoch = metric, state, None, epoch + 1
             if rank == 0:
                 log.info("[train] epoch %d/%d loss %.4f %s %.4f  %.0f samples/s%s", epoch + 1, tr.epochs, rec["loss"],

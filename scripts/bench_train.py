@@ -6,9 +6,9 @@ Measured in one run, on the same model (configs/chars.yaml: small_cnn) and the s
   (c) untuned   (b) in a fresh process without MKL_DEBUG_CPU_TYPE / OMP / MKL thread variables
                 (PIPELINE_NO_TUNING=1): MKL reads its environment once, at load time
 plus, unless --no-knobs, (b) in a fresh process per tuning knob, to show what each one is worth.
-(a) and (b) alternate epoch by epoch in this process and the median is reported: the machine may be
-shared, and alternating spreads other processes' load over both. Synthetic data (speed does not
-depend on pixel values).
+All loops take turns, one epoch each per round (one process computes at a time; the others wait on
+their stdin), and the median over rounds is reported: the machine may be shared, and taking turns
+spreads other processes' load evenly over every loop. Synthetic data (speed does not depend on pixels).
 """
 from __future__ import annotations
 
@@ -30,14 +30,16 @@ import pipeline  # noqa: E402,F401  -- zlib before paddle; CPU tuning unless PIP
 
 import numpy as np  # noqa: E402
 
-TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")
+TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
 KNOBS = {  # name → environment for a fresh process (on top of an environment without TUNING_VARS)
     "untuned (Paddle defaults)": {},
     "MKL_DEBUG_CPU_TYPE=5 only": {"MKL_DEBUG_CPU_TYPE": "5"},
-    "OMP_NUM_THREADS=cores only": {"OMP_NUM_THREADS": "{cores}"},
-    "OMP+MKL_NUM_THREADS=cores only": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}"},
+    "OMP/MKL_NUM_THREADS=cores only": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}"},
     "all three (pipeline/env.py)": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}",
                                     "MKL_DEBUG_CPU_TYPE": "5"},
+    # candidate: OpenMP threads sleep instead of spinning between parallel regions (busy machines)
+    "all three + OMP_WAIT_POLICY=PASSIVE": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}",
+                                            "MKL_DEBUG_CPU_TYPE": "5", "OMP_WAIT_POLICY": "PASSIVE"},
 }
 
 
@@ -85,7 +87,7 @@ class Plain:
         from pipeline.preprocess import to_tensor
 
         b, images, labels = self.cfg.train.batch_size, self.ds.train.images, self.ds.train.labels
-        t0, c0 = time.perf_counter(), _cpu_seconds()
+        t0, c0, m0 = time.perf_counter(), _cpu_seconds(), time.thread_time()
         order = np.random.default_rng(seed).permutation(len(labels))
         for s in range(self.steps):
             idx = order[s * b:(s + 1) * b]
@@ -97,7 +99,7 @@ class Plain:
             self.opt.clear_grad()
             self.sched.step()
         dt = time.perf_counter() - t0
-        return self.steps * b / dt, (_cpu_seconds() - c0) / dt
+        return self.steps * b / dt, (_cpu_seconds() - c0) / dt, self.steps * b / (time.thread_time() - m0)
 
 
 class Trainer:
@@ -122,11 +124,11 @@ class Trainer:
         wall = time.perf_counter() - t0
         sps = history[-1]["samples_per_s"]
         # cpu share over the whole call (includes its validation pass and checkpoint: close enough)
-        return sps, (_cpu_seconds() - c0) / wall
+        return sps, (_cpu_seconds() - c0) / wall, None
 
 
 def child(args) -> None:
-    """Fresh process: the plain loop only; one JSON line on stdout."""
+    """Fresh process holding a plain loop; runs one epoch per "epoch <seed>" line on stdin (JSON reply)."""
     import logging
 
     logging.getLogger("pipeline").setLevel(logging.ERROR)
@@ -136,30 +138,54 @@ def child(args) -> None:
     cfg, task, ds, spec = setup(args.batch, args.steps)
     plain = Plain(cfg, task, ds, spec)
     plain.epoch(0)                                   # warm-up
-    runs = [plain.epoch(r + 1) for r in range(args.rounds)]
-    print(json.dumps({"sps": [r[0] for r in runs], "cpu": [r[1] for r in runs],
-                      "env": {k: os.environ.get(k) for k in TUNING_VARS}}))
+    print(json.dumps({"ready": True, "env": {k: os.environ.get(k) for k in TUNING_VARS}}), flush=True)
+    for line in sys.stdin:
+        if not line.startswith("epoch"):
+            break
+        sps, cpu, main_sps = plain.epoch(int(line.split()[1]))
+        print(json.dumps({"sps": sps, "cpu": cpu, "main_sps": main_sps}), flush=True)
 
 
-def run_child(extra_env: dict, args) -> dict:
-    from pipeline import env
+class Child:
+    """A plain loop in its own process with its own environment (MKL reads it once, at load)."""
 
-    child_env = {k: v for k, v in os.environ.items() if k not in TUNING_VARS}
-    child_env["PIPELINE_NO_TUNING"] = "1"
-    child_env.update({k: v.format(cores=env.cpu_count()) for k, v in extra_env.items()})
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--batch", str(args.batch),
-           "--steps", str(args.steps), "--rounds", str(args.rounds)]
-    res = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=1800)
-    if res.returncode != 0:
-        raise SystemExit(f"bench child failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    def __init__(self, extra_env: dict, args):
+        from pipeline import env
+
+        child_env = {k: v for k, v in os.environ.items() if k not in TUNING_VARS}
+        child_env["PIPELINE_NO_TUNING"] = "1"
+        child_env.update({k: v.format(cores=env.cpu_count()) for k, v in extra_env.items()})
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--batch", str(args.batch),
+               "--steps", str(args.steps)]
+        self.proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.env = self._reply()["env"]
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"bench child died (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def epoch(self, seed: int) -> tuple[float, float, float]:
+        self.proc.stdin.write(f"epoch {seed}\n")
+        r = self._reply()
+        return r["sps"], r["cpu"], r["main_sps"]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait(timeout=60)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=None, help="batch size (default: configs/chars.yaml train.batch_size)")
-    p.add_argument("--steps", type=int, default=20, help="steps per measured epoch")
-    p.add_argument("--rounds", type=int, default=4, help="measured epochs per loop (after one warm-up)")
+    p.add_argument("--steps", type=int, default=12, help="steps per measured epoch")
+    p.add_argument("--rounds", type=int, default=3, help="measured epochs per loop (after one warm-up)")
     p.add_argument("--no-knobs", action="store_true", help="skip the per-knob breakdown (fresh processes)")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -187,40 +213,42 @@ def main() -> int:
                   f"{args.rounds} measured epochs each after 1 warm-up; {env.cpu_count()} cores, "
                   f"{env.cpu_vendor()}; tuning applied here: {env.APPLIED_TUNING or 'none (set by user or disabled)'}")
 
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
-        trainer, plain = Trainer(cfg, task, ds, spec, Path(work)), Plain(cfg, task, ds, spec)
-        trainer.epoch(0), plain.epoch(0)                                       # warm-up both
-        res = {"trainer": [], "plain": []}
-        for r in range(args.rounds):                                           # alternate: same load on both
-            first, second = (("trainer", trainer), ("plain", plain)) if r % 2 == 0 else (("plain", plain), ("trainer", trainer))
-            for name, loop in (first, second):
-                res[name].append(loop.epoch(r + 1))
-
     knobs = {"untuned (Paddle defaults)": KNOBS["untuned (Paddle defaults)"]} if args.no_knobs else KNOBS
-    children = {}
-    for name, extra in knobs.items():
-        console.print(f"  fresh process: plain loop, {name} ...", highlight=False)
-        children[name] = run_child(extra, args)
+    console.print(f"  starting {len(knobs)} fresh processes (plain loop, one per environment) ...")
+    children = {name: Child(extra, args) for name, extra in knobs.items()}
+    loops = {"trainer": None, "plain": None, **{name: c for name, c in children.items()}}
+    res = {name: [] for name in loops}
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
+        loops["trainer"], loops["plain"] = Trainer(cfg, task, ds, spec, Path(work)), Plain(cfg, task, ds, spec)
+        loops["trainer"].epoch(0), loops["plain"].epoch(0)                     # warm-up (children did theirs)
+        names = list(loops)
+        for r in range(args.rounds):          # round robin, one process computing at a time: same load on all
+            console.print(f"  round {r + 1}/{args.rounds} ...", highlight=False)
+            for name in (names if r % 2 == 0 else names[::-1]):
+                res[name].append(loops[name].epoch(r + 1))
+    for c in children.values():
+        c.close()
     load1 = os.getloadavg()
 
     med = lambda xs: statistics.median(xs)  # noqa: E731
-    trainer_sps, plain_sps = med([s for s, _ in res["trainer"]]), med([s for s, _ in res["plain"]])
-    untuned_sps = med(children["untuned (Paddle defaults)"]["sps"])
+    sps = {name: med([x[0] for x in runs]) for name, runs in res.items()}
+    trainer_sps, plain_sps, untuned_sps = sps["trainer"], sps["plain"], sps["untuned (Paddle defaults)"]
 
-    t = Table(title="training throughput (samples/s, median)", header_style="bold")
-    for col in ("loop", "process", "samples/s", "min … max", "CPU use (cores)"):
+    t = Table(title="training throughput (samples/s, median of rounds)", header_style="bold")
+    for col in ("loop", "process", "samples/s", "min … max", "CPU use (cores)", "per main-thread CPU-s*"):
         t.add_column(col)
-
-    def row(name, where, runs_sps, runs_cpu):
-        t.add_row(name, where, f"{med(runs_sps):.0f}", f"{min(runs_sps):.0f} … {max(runs_sps):.0f}",
-                  f"{med(runs_cpu):.2f}")
-
-    row("(a) trainer: pipeline.train_loop", "this (tuned)", [s for s, _ in res["trainer"]], [c for _, c in res["trainer"]])
-    row("(b) plain hand-written loop", "this (tuned)", [s for s, _ in res["plain"]], [c for _, c in res["plain"]])
-    for name, c in children.items():
-        label = "(c) plain loop, untuned" if name.startswith("untuned") else f"    plain loop, {name}"
-        row(label, "fresh", c["sps"], c["cpu"])
+    labels = {"trainer": ("(a) trainer: pipeline.train_loop", "this (tuned)"),
+              "plain": ("(b) plain hand-written loop", "this (tuned)")}
+    for name, runs in res.items():
+        label, where = labels.get(name, ("(c) plain loop, untuned" if name.startswith("untuned")
+                                         else f"    plain loop, {name}", "own"))
+        mains = [x[2] for x in runs if x[2]]
+        t.add_row(label, where, f"{sps[name]:.0f}", f"{min(x[0] for x in runs):.0f} … {max(x[0] for x in runs):.0f}",
+                  f"{med([x[1] for x in runs]):.2f}", f"{med(mains):.0f}" if mains else "")
     console.print(t)
+    console.print("* samples per CPU-second of the calling thread: roughly what the loop would do with the cores "
+                  "to itself (spin-waiting on a busy machine makes it pessimistic for multi-threaded runs)",
+                  style="dim", soft_wrap=True)
 
     r1, r2 = trainer_sps / plain_sps, trainer_sps / untuned_sps
     v = Table(title="ratios", header_style="bold")
@@ -234,9 +262,8 @@ def main() -> int:
                   + ("  [yellow]— the machine is shared: other processes' load depresses multi-thread numbers[/]"
                      if max(load0[0], load1[0]) > 0.5 * env.cpu_count() else ""))
     if args.json:
-        args.json.write_text(json.dumps({"batch": args.batch, "trainer": res["trainer"], "plain": res["plain"],
-                                         "children": children, "ratios": {"trainer_vs_plain": r1,
-                                                                          "tuned_trainer_vs_untuned_plain": r2},
+        args.json.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "results": res,
+                                         "ratios": {"trainer_vs_plain": r1, "tuned_trainer_vs_untuned_plain": r2},
                                          "loadavg": [load0, load1]}, indent=2))
     return 0
 

@@ -1,8 +1,10 @@
 """train: dygraph training through the AMP API → fp32 parameters, metrics, reference outputs.
 
-Writes: model.pdparams, info.json (labels/charset, pre/post-processing spec), val_slice.npz
-(inputs, labels and the trained model's outputs: the reference every later stage is gated on),
-metrics.jsonl (per-epoch telemetry).
+Writes: model.pdparams (the best epoch's weights, float32), info.json (labels/charset, pre/post-processing
+spec), val_slice.npz (inputs, labels and the trained model's outputs: the reference every later stage is
+gated on), calib.npz (INT8 calibration inputs), metrics.jsonl (per-epoch telemetry). The manifest records
+requested vs effective precision. The epoch loop, checkpoints/resume and the NaN guard live in
+pipeline/train_loop.py; multi-process runs in pipeline/distributed.py.
 """
 from __future__ import annotations
 
@@ -145,7 +147,7 @@ def run(ctx: StageContext) -> StageResult:
     paddle.save(best_state, str(ctx.out_dir / "model.pdparams"))
     info = {"task": cfg.task, "model": cfg.section("model")["model"], "labels_info": ds.info,
             "preprocess": spec, "postprocess": task.postprocess_spec(ds.info),
-            "primary_metric": task.primary_metric, "input_shape": [-1, 1, spec["height"], spec["width"]]}
+            "primary_metric": task.primary_metric, "input_shape": [-1, spec.get("channels", 1), spec["height"], spec["width"]]}
     atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
     atomic_write_text(ctx.out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
 

@@ -1,8 +1,6 @@
 """Recognition task: CTC decoding, metrics, label encoding, rendering, CRNN + CTC loss."""
 from __future__ import annotations
 
-import zlib  # noqa: F401  (before paddle: libpaddle exports its own zlib symbols)
-
 import numpy as np
 import pytest
 

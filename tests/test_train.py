@@ -3,7 +3,6 @@ skipped steps, atomic checkpoints, bad input, and 2-process data parallel. Tiny 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -248,6 +247,12 @@ def test_bad_config_is_one_line(tmp_path, override, needle):
     _one_line_error(cli("run", "train", root=tmp_path, over=[override]), needle)
 
 
+def test_launch_checks_the_config_before_starting_processes(tmp_path):
+    res = cli("launch", "--nproc", "2", root=tmp_path, over=["train.amp.level=O3"])
+    _one_line_error(res, "train.amp.level")
+    assert not (tmp_path / "r" / "log").exists()
+
+
 def test_batch_larger_than_data_keeps_earlier_output(baseline):
     before = load_manifest(baseline / "train")
     res = cli("run", "train", root=baseline.parent, over=["train.batch_size=1000"])
@@ -278,12 +283,10 @@ def test_label_out_of_range_names_the_model_size():
 
 
 def test_visualdl_missing_is_a_clear_config_error(tmp_path):
-    pytest.importorskip("paddle")
-    try:
-        import visualdl  # noqa: F401
+    import importlib.util
+
+    if importlib.util.find_spec("visualdl") is not None:
         pytest.skip("visualdl is installed here")
-    except ImportError:
-        pass
     _one_line_error(cli("run", "train", root=tmp_path, over=["train.visualdl=true"]), "train.visualdl", "visualdl")
 
 
@@ -331,3 +334,28 @@ def test_visualdl_logging_when_enabled(tmp_path, monkeypatch):
     assert outcome.status == "OK", outcome.error
     rows = [json.loads(l) for l in (cfg.run_dir / ".work" / "train" / "visualdl" / "scalars.jsonl").read_text().splitlines()]
     assert {(t, s) for t, _, s in rows} >= {("train/loss", 1), ("train/accuracy", 2), ("train/samples_per_s", 2)}
+
+
+def test_best_epoch_is_kept_not_the_last(tmp_path, monkeypatch):
+    import paddle
+
+    from pipeline.runner import Runner
+    from pipeline.tasks.classification import ClassificationTask
+
+    scores = iter([0.9, 0.5, 0.5])        # epoch 1 is the best; later calls (final evaluation) reuse the last
+
+    def metrics(self, outputs, labels):
+        return {"accuracy": next(scores, 0.5)}
+
+    monkeypatch.setattr(ClassificationTask, "metrics", metrics)
+    cfg = _tiny_cfg(tmp_path)
+    (outcome,) = Runner(cfg).run(["train"])
+    assert outcome.status == "OK", outcome.error
+    assert outcome.manifest["metrics"]["best_epoch"] == 1
+    states, meta = checkpoint.load(cfg.run_dir / ".work" / "train" / "checkpoint",
+                                   checkpoint.read_meta(cfg.run_dir / ".work" / "train" / "checkpoint")["key"])
+    assert meta["files"]["best"]["file"] == "best.pdparams"          # stored apart from the last epoch's model
+    out = paddle.load(str(cfg.run_dir / "train" / "model.pdparams"), return_numpy=True)
+    as_np = lambda sd: {k: np.asarray(v) for k, v in sd.items()}  # noqa: E731
+    assert_identical(out, as_np(states["best"]))
+    assert not all(np.array_equal(out[k], np.asarray(states["model"][k])) for k in out)

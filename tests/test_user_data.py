@@ -145,3 +145,28 @@ def test_image_folder_unreadable_image(tmp_path: Path):
         load_image_folder(tmp_path, 16, 16)
     images, labels, names, skipped = load_image_folder(tmp_path, 16, 16, on_bad="skip")
     assert skipped == 1 and labels.tolist() == [0, 1]
+
+
+# ---------------------------------------------------------------- recognition task on a label file
+def test_recognition_task_reads_label_file(tmp_path: Path):
+    from pipeline.tasks.recognition import RecognitionTask
+
+    lines = []
+    for i in range(10):
+        _png(tmp_path / "crops" / f"{i}.png", (80, 20))
+        lines.append(f"crops/{i}.png\tINV-{i}")
+    lines.append("crops/0.png\tbad label")                  # lowercase and a space: not in the charset
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "dict.txt").write_text("\n".join("INV-0123456789") + "\n", encoding="utf-8")
+    cfg = dict(source="folder", path=str(tmp_path / "train.txt"), val_path=None,
+               charset=str(tmp_path / "dict.txt"), num_train=0, num_val=0, height=32, width=64,
+               max_len=8, fonts=[], on_bad_sample="skip", cache_dir=None, val_fraction=0.2)
+    task = RecognitionTask()
+    ds = task.load_data(cfg, seed=0)
+    assert len(ds.train.images) == 8 and len(ds.val.images) == 2 and ds.train.skipped == 1
+    assert ds.info["charset"] == "INV-0123456789" and ds.train.labels.shape == (8, 8)
+    assert task.load_data(cfg, seed=0).val.images.tobytes() == ds.val.images.tobytes()   # seeded split
+    with pytest.raises(DataError, match=r"train.txt:11:"):
+        task.load_data({**cfg, "on_bad_sample": "error"}, seed=0)
+    ds2 = task.load_data({**cfg, "val_path": str(tmp_path / "train.txt")}, seed=0)
+    assert len(ds2.train.images) == 10 and len(ds2.val.images) == 10 and ds2.val.skipped == 1

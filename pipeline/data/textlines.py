@@ -177,7 +177,11 @@ def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Ran
 def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len: int = 16,
                  fonts: list[str] | None = None,
                  charset: str = DEFAULT_CHARSET) -> tuple[np.ndarray, list[str]]:
-    """Render n text lines → (uint8 [n, height, width], labels). Same seed → same bytes."""
+    """Render n text lines → (uint8 [n, height, width], labels). Same arguments → same bytes.
+
+    Labels of render_lines(50, s) are the first 50 of render_lines(100, s); pixels are not
+    (the noise is drawn for the whole batch at once, which is what makes it cheap).
+    """
     if n < 0 or max_len < 1:
         raise DataError(f"cannot render n={n} lines with max_len={max_len}")
     r = random.Random(seed)

@@ -14,33 +14,33 @@ class ClassificationTask:
 
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         h, w = data_cfg["height"], data_cfg["width"]
+        info = {"source": data_cfg["source"], "channels": data_cfg["channels"]}
         if data_cfg["source"] == "synthetic":
             if h != w:
                 raise ConfigError("synthetic characters are square: data.height must equal data.width")
             tr = chars.load_or_render(data_cfg["num_train"], seed, h, data_cfg["fonts"], data_cfg["cache_dir"])
             va = chars.load_or_render(data_cfg["num_val"], seed + 1, h, data_cfg["fonts"], data_cfg["cache_dir"])
-            return Datasets(Split(*tr), Split(*va), {"labels": chars.CLASSES, "source": "synthetic"})
+            return Datasets(Split(*tr), Split(*va), {**info, "labels": chars.CLASSES})
         from ..data.imagefolder import load_image_folder
         if not data_cfg["path"]:
             raise ConfigError("data.source is 'folder' but data.path is empty", hint="set data.path=/path/to/images")
         images, labels, names, skipped = load_image_folder(data_cfg["path"], h, w, data_cfg["on_bad_sample"])
+        info["labels"] = names
         if data_cfg["val_path"]:
             vi, vl, vnames, vskip = load_image_folder(data_cfg["val_path"], h, w, data_cfg["on_bad_sample"])
             if vnames != names:
                 raise DataError(f"class folders differ between {data_cfg['path']} and {data_cfg['val_path']}")
-            return Datasets(Split(images, labels, skipped), Split(vi, vl, vskip), {"labels": names, "source": "folder"})
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(len(labels))
+            return Datasets(Split(images, labels, skipped), Split(vi, vl, vskip), info)
+        order = np.random.default_rng(seed).permutation(len(labels))
         n_val = max(1, int(round(len(order) * data_cfg["val_fraction"])))
         va, tr = order[:n_val], order[n_val:]
-        return Datasets(Split(images[tr], labels[tr], skipped), Split(images[va], labels[va]),
-                        {"labels": names, "source": "folder"})
+        return Datasets(Split(images[tr], labels[tr], skipped), Split(images[va], labels[va]), info)
 
     def build_model(self, model_cfg: dict, info: dict):
         n = len(info["labels"])
         if model_cfg["name"] == "small_cnn":
             from ..models.small_cnn import SmallCNN
-            return SmallCNN(n, **model_cfg["args"])
+            return SmallCNN(n, **{"in_channels": info.get("channels", 1), **model_cfg["args"]})
         from ..models.registry import build_user_model
         return build_user_model(model_cfg["name"], model_cfg["args"], {"num_classes": n})
 
@@ -60,7 +60,7 @@ class ClassificationTask:
         return [{"label": info["labels"][i], "index": int(i), "score": float(probs[k, i])} for k, i in enumerate(idx)]
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
-        return {"height": data_cfg["height"], "width": data_cfg["width"], "channels": 1,
+        return {"height": data_cfg["height"], "width": data_cfg["width"], "channels": data_cfg["channels"],
                 "mean": 0.5, "std": 0.5, "resize": "stretch", "color": "L"}
 
     def postprocess_spec(self, info: dict) -> dict:

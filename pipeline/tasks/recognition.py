@@ -150,7 +150,8 @@ class RecognitionTask:
         return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
-        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]), "channels": 1,
+        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]),
+                "channels": int(data_cfg.get("channels", 1)),
                 "mean": 0.5, "std": 0.5, "resize": "pad_right"}
 
     def postprocess_spec(self, info: dict) -> dict:
