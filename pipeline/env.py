@@ -49,10 +49,14 @@ def apply_cpu_tuning() -> dict[str, str]:
     - MKL_DEBUG_CPU_TYPE=5: MKL takes a slow generic path on AMD CPUs; 5 selects the AVX2 path
       (paddle.matmul ~18 → ~61 GFLOP/s measured on these machines).
     - OMP/MKL threads = available cores: Paddle's CPU kernels default to one thread.
+    - OMP_WAIT_POLICY=PASSIVE: spinning idle threads steal the other core from everything else.
     """
     wanted = {"OMP_NUM_THREADS": str(cpu_count()), "MKL_NUM_THREADS": str(cpu_count())}
     if cpu_vendor() == "AuthenticAMD":
         wanted["MKL_DEBUG_CPU_TYPE"] = "5"
+    if cpu_count() > 1:
+        # idle OpenMP threads otherwise spin: on a shared 2-core box that cost 20-45 % (measured)
+        wanted["OMP_WAIT_POLICY"] = "PASSIVE"
     if os.environ.get("PIPELINE_NO_TUNING") == "1":   # benchmarks measure the untuned baseline
         return {}
     for key, value in wanted.items():

@@ -177,6 +177,8 @@ class Runner:
                 return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
             except IntegrityError as exc:
                 log.warning("[%s] cached output is damaged (%s); re-running", stage.name, exc.message)
+        for leftover in self.run_dir.glob(f".tmp-{stage.name}-*"):   # from a kill -9 mid-stage
+            shutil.rmtree(leftover, ignore_errors=True)
         work = self.run_dir / ".work" / stage.name
         work.mkdir(parents=True, exist_ok=True)
         log.info("[%s] running (%s)", stage.name, stage.description or stage.name)

@@ -53,7 +53,10 @@ def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -
                 verdict += f" [{len(notes)}]"
             lat = g.extra.get("latency_ms")
             p50 = f"{lat['p50']:.2f} ms" if isinstance(lat, dict) and lat.get("p50") is not None else ""
-            rows.append([name, subject, g.precision_effective, g.metric, _num(g.value),
+            precision = g.precision_effective
+            if g.status != "SKIPPED" and not precision.startswith(g.precision_requested.split("/")[0]):
+                precision = f"{g.precision_requested} → {precision}"      # e.g. float16/O1 → float32 on CPU
+            rows.append([name, subject, precision, g.metric, _num(g.value),
                          _num(g.delta, "{:+.4f}"), _limit(g), verdict + tag, p50, f"{g.seconds:.1f}s"])
     return rows, notes
 

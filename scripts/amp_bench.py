@@ -1,10 +1,12 @@
 """`make amp-bench`: fp32 vs AMP O1 vs AMP O2 on the same model, through the pipeline's own trainer.
 
-Per mode, in a fresh process (so peak memory is that mode's alone): samples/s (median of the epochs
-after the first), peak memory (GPU: max_memory_allocated; CPU: peak RSS), the largest batch that fits
-(GPU only: doubling until out-of-memory), and the validation accuracy after a short training.
-What ran is what AMP planning says ran: on a CPU all three are float32, and the table says so;
-the ratios it prints are then run-to-run noise, never an AMP speedup.
+Each mode lives in its own process (so peak memory is that mode's alone): it trains for a few epochs
+(validation accuracy, peak memory: GPU max_memory_allocated / CPU peak RSS, and on a GPU the largest
+batch that fits, found by doubling until out-of-memory), then waits. Throughput is measured afterwards
+in rounds, the three processes taking turns one epoch each (median reported), so load from other
+processes on a shared machine falls evenly on all three.
+What ran is what AMP planning says ran: on a CPU all three are float32 and the table says so; the
+ratios are then run-to-run noise, never an AMP speedup.
 """
 from __future__ import annotations
 
@@ -80,12 +82,14 @@ def largest_batch(cfg, task, ds, spec, plan, start: int, limit: int = 1 << 15) -
 
 
 def child(args) -> None:
+    """Train once (accuracy, memory, largest batch), then one timed epoch per "speed" line on stdin."""
     import logging
 
     logging.getLogger("pipeline").setLevel(logging.ERROR)
     from pipeline import amp, env
     from pipeline.config import load_config
     from pipeline.tasks import get_task
+    from pipeline.tasks.base import Datasets, Split
     from pipeline.train_loop import train_model
 
     paddle = env.import_paddle_quietly()
@@ -102,15 +106,56 @@ def child(args) -> None:
     with tempfile.TemporaryDirectory(prefix="amp-bench-") as work:
         ctx = types.SimpleNamespace(cfg=cfg, work_dir=Path(work), fingerprint=args.child, quiet=True)
         _, history, _ = train_model(ctx, task, model, ds, spec, plan, device)
-    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
-    out = {"mode": args.child, "requested": plan.requested, "effective": plan.effective, "reason": plan.reason,
-           "device": device, "batch": cfg.train.batch_size, "samples_per_s": statistics.median(steady),
-           "peak_memory_mb": max(h["peak_memory_mb"] for h in history),
-           "memory_kind": "GPU max_memory_allocated" if device == "gpu" else "peak RSS",
-           "accuracy": history[-1][task.primary_metric], "max_batch": None}
-    if device == "gpu":
-        out["max_batch"] = largest_batch(cfg, task, ds, spec, plan, cfg.train.batch_size)
-    print(json.dumps(out))
+        out = {"mode": args.child, "requested": plan.requested, "effective": plan.effective, "reason": plan.reason,
+               "device": device, "batch": cfg.train.batch_size,
+               "peak_memory_mb": max(h["peak_memory_mb"] for h in history),
+               "memory_kind": "GPU max_memory_allocated" if device == "gpu" else "peak RSS",
+               "accuracy": history[-1][task.primary_metric], "max_batch": None}
+        if device == "gpu":
+            out["max_batch"] = largest_batch(cfg, task, ds, spec, plan, cfg.train.batch_size)
+        print(json.dumps(out), flush=True)
+        # timed epochs: a fresh model of the same mode, a fixed slice of the data, one epoch per request
+        n = min(len(ds.train.labels), cfg.train.batch_size * args.speed_steps)
+        small = Datasets(Split(ds.train.images[:n], ds.train.labels[:n]),
+                         Split(ds.val.images[:256], ds.val.labels[:256]), ds.info)
+        one = types.SimpleNamespace(cfg=load_config([ROOT / "configs" / "chars.yaml"],
+                                                    _overrides(args, args.child) + ["train.epochs=1"]),
+                                    work_dir=Path(work) / "speed", fingerprint=args.child, quiet=True)
+        speed_model = task.build_model(cfg.section("model")["model"], ds.info)
+        for line in sys.stdin:
+            if line.strip() != "speed":
+                break
+            _, h, _ = train_model(one, task, speed_model, small, spec, plan, device)
+            print(json.dumps({"samples_per_s": h[-1]["samples_per_s"]}), flush=True)
+
+
+class Child:
+    def __init__(self, mode: str, args):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype,
+               "--epochs", str(args.epochs), "--num-train", str(args.num_train), "--num-val", str(args.num_val),
+               "--speed-steps", str(args.speed_steps), *(["--batch", str(args.batch)] if args.batch else [])]
+        self.mode = mode
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=dict(os.environ))
+
+    def reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = (self.proc.stderr.read().strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"error: amp-bench {self.mode} failed (exit {self.proc.wait()}): {tail}")
+        return json.loads(line)
+
+    def speed(self) -> float:
+        self.proc.stdin.write("speed\n")
+        return self.reply()["samples_per_s"]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait(timeout=120)
 
 
 def main() -> int:
@@ -120,6 +165,8 @@ def main() -> int:
     p.add_argument("--num-train", type=int, default=3600)
     p.add_argument("--num-val", type=int, default=720)
     p.add_argument("--batch", type=int, default=None, help="default: configs/chars.yaml train.batch_size")
+    p.add_argument("--rounds", type=int, default=3, help="timed epochs per mode, taken in turns")
+    p.add_argument("--speed-steps", type=int, default=12, help="steps per timed epoch")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--child", choices=tuple(MODES), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -131,24 +178,27 @@ def main() -> int:
     from rich.table import Table
 
     console = Console(width=140)
-    rows = []
-    for mode in MODES:
-        console.print(f"  {mode}: training {args.epochs} epochs on {args.num_train} samples (fresh process) ...",
+    children, rows = [], []
+    for mode in MODES:            # one at a time: each trains alone
+        console.print(f"  {mode}: training {args.epochs} epochs on {args.num_train} samples (own process) ...",
                       highlight=False)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype,
-               "--epochs", str(args.epochs), "--num-train", str(args.num_train), "--num-val", str(args.num_val),
-               *(["--batch", str(args.batch)] if args.batch else [])]
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600, env=dict(os.environ))
-        if res.returncode != 0:
-            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-            console.print(f"[red]error:[/] {mode} failed (exit {res.returncode}): {tail}")
-            return 1
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        children.append(Child(mode, args))
+        rows.append(children[-1].reply())
+    speeds = {c.mode: [] for c in children}
+    for r in range(args.rounds):  # then take turns: one timed epoch each per round
+        console.print(f"  speed round {r + 1}/{args.rounds} ...", highlight=False)
+        for c in (children if r % 2 == 0 else children[::-1]):
+            speeds[c.mode].append(c.speed())
+    for c in children:
+        c.close()
+    for row in rows:
+        row["samples_per_s"] = statistics.median(speeds[row["mode"]])
+        row["samples_per_s_rounds"] = speeds[row["mode"]]
 
     base = rows[0]
     t = Table(title=f"AMP benchmark: small_cnn, batch {base['batch']}, {args.epochs} epochs, device {base['device']}",
               header_style="bold")
-    for col in ("mode", "requested", "effective", "samples/s", "vs fp32", f"peak memory ({base['memory_kind']})",
+    for col in ("mode", "requested", "effective", "samples/s (median)", "vs fp32", f"peak memory ({base['memory_kind']})",
                 "vs fp32", "largest batch", "accuracy"):
         t.add_column(col)
     for r in rows:

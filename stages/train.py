@@ -177,4 +177,7 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train"),
-              make_target="train", run=run, description="AMP training on the configured task")
+              make_target="train", run=run,
+              code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/checkpoint.py", "pipeline/tasks",
+                         "pipeline/models", "pipeline/data", "pipeline/preprocess.py", "pipeline/text_metrics.py"),
+              description="AMP training on the configured task")
