@@ -126,7 +126,7 @@ def _accept(args) -> int:
     from .cli import _load
     from .errors import MissingArtifact
     from .history import History
-    from .regression import accept, history_path, run_root
+    from .regression import accept, history_path
 
     cfg = _load(args)
     run_dir = args.run_dir
