@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import types
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
+from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
 
 MODES = {
     "fp32": ["train.amp.enable=false"],
@@ -129,33 +129,11 @@ def child(args) -> None:
             print(json.dumps({"samples_per_s": h[-1]["samples_per_s"]}), flush=True)
 
 
-class Child:
-    def __init__(self, mode: str, args):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype,
-               "--epochs", str(args.epochs), "--num-train", str(args.num_train), "--num-val", str(args.num_val),
-               "--speed-steps", str(args.speed_steps), *(["--batch", str(args.batch)] if args.batch else [])]
-        self.mode = mode
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=dict(os.environ))
-
-    def reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            tail = (self.proc.stderr.read().strip().splitlines() or ["no output"])[-1]
-            raise SystemExit(f"error: amp-bench {self.mode} failed (exit {self.proc.wait()}): {tail}")
-        return json.loads(line)
-
-    def speed(self) -> float:
-        self.proc.stdin.write("speed\n")
-        return self.reply()["samples_per_s"]
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        self.proc.wait(timeout=120)
+def spawn(mode: str, args) -> LineChild:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype,
+           "--epochs", str(args.epochs), "--num-train", str(args.num_train), "--num-val", str(args.num_val),
+           "--speed-steps", str(args.speed_steps), *(["--batch", str(args.batch)] if args.batch else [])]
+    return LineChild(cmd, f"amp-bench {mode}", cwd=ROOT, env=dict(os.environ))
 
 
 def main() -> int:
@@ -182,13 +160,14 @@ def main() -> int:
     for mode in MODES:            # one at a time: each trains alone
         console.print(f"  {mode}: training {args.epochs} epochs on {args.num_train} samples (own process) ...",
                       highlight=False)
-        children.append(Child(mode, args))
+        children.append(spawn(mode, args))
         rows.append(children[-1].reply())
-    speeds = {c.mode: [] for c in children}
+    speeds = {mode: [] for mode in MODES}
     for r in range(args.rounds):  # then take turns: one timed epoch each per round
         console.print(f"  speed round {r + 1}/{args.rounds} ...", highlight=False)
-        for c in (children if r % 2 == 0 else children[::-1]):
-            speeds[c.mode].append(c.speed())
+        pairs = list(zip(MODES, children))
+        for mode, c in (pairs if r % 2 == 0 else pairs[::-1]):
+            speeds[mode].append(c.ask("speed")["samples_per_s"])
     for c in children:
         c.close()
     for row in rows:

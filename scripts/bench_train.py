@@ -17,7 +17,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import pipeline  # noqa: E402,F401  -- zlib before paddle; CPU tuning unless PIPELINE_NO_TUNING=1
+from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
 
 import numpy as np  # noqa: E402
 
@@ -146,10 +146,10 @@ def child(args) -> None:
         print(json.dumps({"sps": sps, "cpu": cpu, "main_sps": main_sps}), flush=True)
 
 
-class Child:
+class Child(LineChild):
     """A plain loop in its own process with its own environment (MKL reads it once, at load)."""
 
-    def __init__(self, extra_env: dict, args):
+    def __init__(self, name: str, extra_env: dict, args):
         from pipeline import env
 
         child_env = {k: v for k, v in os.environ.items() if k not in TUNING_VARS}
@@ -157,28 +157,12 @@ class Child:
         child_env.update({k: v.format(cores=env.cpu_count()) for k, v in extra_env.items()})
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--batch", str(args.batch),
                "--steps", str(args.steps)]
-        self.proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        self.env = self._reply()["env"]
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"bench child died (exit {self.proc.wait()})")
-        return json.loads(line)
+        super().__init__(cmd, f"bench-train {name}", env=child_env)
+        self.env = self.reply()["env"]
 
     def epoch(self, seed: int) -> tuple[float, float, float]:
-        self.proc.stdin.write(f"epoch {seed}\n")
-        r = self._reply()
+        r = self.ask(f"epoch {seed}")
         return r["sps"], r["cpu"], r["main_sps"]
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        self.proc.wait(timeout=60)
 
 
 def main() -> int:
@@ -215,7 +199,7 @@ def main() -> int:
 
     knobs = {"untuned (Paddle defaults)": KNOBS["untuned (Paddle defaults)"]} if args.no_knobs else KNOBS
     console.print(f"  starting {len(knobs)} fresh processes (plain loop, one per environment) ...")
-    children = {name: Child(extra, args) for name, extra in knobs.items()}
+    children = {name: Child(name, extra, args) for name, extra in knobs.items()}
     loops = {"trainer": None, "plain": None, **{name: c for name, c in children.items()}}
     res = {name: [] for name in loops}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
