@@ -46,15 +46,14 @@ def _load(args):
     return cfg
 
 
-def _run(args) -> int:
+def run_stages(cfg, names: list[str], force: bool = False):
+    """Run stages, print the summary and one line per failure; returns (outcomes, exit code).
+
+    The one way every command (run, nightly, launch) runs stages and reports them."""
     from .runner import Runner, registry
     from .summary import print_summary
 
-    cfg = _load(args)
-    env.import_paddle_quietly()
-    names = [n for s in args.stages for n in ALIASES.get(s, [s])]
-    runner = Runner(cfg, force=args.force)
-    outcomes = runner.run(names)
+    outcomes = Runner(cfg, force=force).run(names)
     print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
     errors = [o for o in outcomes if o.error is not None and o.status != "NOT RUN"]
     for o in errors:
@@ -62,7 +61,14 @@ def _run(args) -> int:
     not_run = [o.stage for o in outcomes if o.status == "NOT RUN"]
     if not_run:
         print(f"not run (an input stage failed): {', '.join(not_run)}", file=sys.stderr)
-    return errors[0].error.exit_code if errors else 0
+    return outcomes, (errors[0].error.exit_code if errors else 0)
+
+
+def _run(args) -> int:
+    cfg = _load(args)
+    env.import_paddle_quietly()
+    names = [n for s in args.stages for n in ALIASES.get(s, [s])]
+    return run_stages(cfg, names, force=args.force)[1]
 
 
 def setup_logging() -> None:

@@ -86,11 +86,9 @@ def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, st
 
 
 def _nightly(args) -> int:
-    from .cli import _load
+    from .cli import _load, run_stages
     from .env import import_paddle_quietly
     from .errors import ConfigError
-    from .runner import Runner
-    from .summary import print_summary
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     args.override = [f"run.name=nightly-{stamp}"] + list(args.override)    # a user's run.name still wins
@@ -99,13 +97,10 @@ def _nightly(args) -> int:
         raise ConfigError(f"nightly needs a fresh run folder, {cfg.run_dir} exists",
                           hint="drop the run.name override (a timestamped name is chosen)")
     import_paddle_quietly()
-    outcomes = Runner(cfg).run(_stage_order())           # a fresh folder: nothing to skip
-    print_summary(cfg.run_dir, _stage_order(), {o.stage: o.status for o in outcomes})
+    outcomes, code = run_stages(cfg, _stage_order())    # a fresh folder: nothing to skip
     errors = {o.stage: o.error.one_line() for o in outcomes if o.error is not None}
-    for msg in errors.values():
-        print(f"error: {msg}", file=sys.stderr)
-    code = _finish(cfg, cfg.run_dir, args.baseline, errors)
-    return next((o.error.exit_code for o in outcomes if o.error is not None), code)
+    finished = _finish(cfg, cfg.run_dir, args.baseline, errors)   # junit/report/history even for a failed run
+    return code or finished
 
 
 def _compare(args) -> int:

@@ -173,13 +173,13 @@ def _worker(argv: list[str]) -> int:
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    code, error = 0, None
+    code, error, stage_error = 0, None, None      # error: still to print; stage_error: printed already
     try:
         cfg = load_config(args.config, args.override)
         env.import_paddle_quietly()
         import paddle.distributed as dist
 
-        from .runner import Runner, StageContext, fingerprint, registry
+        from .runner import StageContext, fingerprint, registry
 
         dist.init_parallel_env()
         rank = dist.get_rank()
@@ -188,13 +188,10 @@ def _worker(argv: list[str]) -> int:
         skip = _up_to_date(cfg, stage, fp, args.force)
         dist.barrier()                      # every rank has decided before rank 0 may write anything
         if rank == 0:
-            from .summary import print_summary
+            from .cli import run_stages
 
-            outcomes = Runner(cfg, force=args.force).run(["train"])
-            print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
-            errs = [o.error for o in outcomes if o.error is not None]
-            if errs:
-                code, error = errs[0].exit_code, errs[0].one_line()
+            outcomes, code = run_stages(cfg, ["train"], force=args.force)    # prints its own error lines
+            stage_error = next((o.error.one_line() for o in outcomes if o.error is not None), None)
         elif not skip:
             scratch = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank}-"))
             try:
@@ -213,7 +210,8 @@ def _worker(argv: list[str]) -> int:
     if rank == 0:
         from .artifacts import write_json
         try:
-            write_json(Path(os.environ.get("PADDLE_LOG_DIR", ".")) / STATUS, {"exit_code": code, "error": error})
+            write_json(Path(os.environ.get("PADDLE_LOG_DIR", ".")) / STATUS, {"exit_code": code,
+                                                                                  "error": error or stage_error})
         except OSError:
             pass
     return code

@@ -18,7 +18,7 @@ import yaml
 from .artifacts import load_manifest
 from .config import ROOT
 from .errors import MissingArtifact
-from .gates import Check
+from .gates import Check, metric_check
 
 LATENCY_FLOOR_MS = 0.05          # differences below this are timer/scheduler noise, whatever the ratio
 MODEL_SUFFIXES = (".pdmodel", ".pdiparams", ".nb")
@@ -127,7 +127,7 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
             continue
         if _num(b["value"]) and c["value"] is not None:
             drop = b["value"] - c["value"]
-            ok = math.isfinite(c["value"]) and drop <= metric_drop + 1e-12
+            ok = metric_check(b["metric"], c["value"], b["value"], metric_drop).passed   # the gates' own rule
             out.append(Comparison(f"metric · {key} ({b['metric']})", "metric", b["value"], c["value"],
                                   f"drop ≤ {metric_drop:g}", ok,
                                   f"{key}: {b['metric']} {b['value']:.4f} → {c['value']:.4f} "

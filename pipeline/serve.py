@@ -276,6 +276,7 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     score the returned raw outputs with the task's primary metric, and time every request end to end."""
     import httpx
 
+    from .engines.perf import summarize_ms
     from .tasks import get_task
 
     if images_uint8.ndim != 3 or images_uint8.dtype != np.uint8 or len(images_uint8) == 0:
@@ -300,8 +301,6 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
             raise PipelineError(f"HTTP request to {srv.url}/predict failed: {exc!r}") from None
     out = np.concatenate(outputs, axis=0)
     metric = task.metrics(out, labels[:n])[task.primary_metric] if np.isfinite(out).all() else float("nan")
-    t = np.asarray(times)
-    latency = {**{f"p{q}": float(np.percentile(t, q)) for q in (50, 90, 99)}, "mean": float(t.mean()),
-               "repeats": int(len(t))}
+    latency = {**summarize_ms(times), "repeats": len(times)}
     return {"metric": float(metric), "metric_name": task.primary_metric, "outputs": out, "latency_ms": latency,
             "n": n}

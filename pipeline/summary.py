@@ -24,7 +24,7 @@ def _num(v, fmt="{:.4f}"):
 def _limit(g: Gate) -> str:
     parts = []
     for c in g.checks:
-        if c.limit is None or c.name == "finite" or c.name.startswith("sha256"):
+        if c.limit is None or "finite" in c.name or c.name.startswith("sha256"):
             continue
         name = SHORT.get(c.name, "atol" if "max_abs_diff" in c.name else
                          "drop" if c.name.endswith("_drop") else c.name)

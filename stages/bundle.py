@@ -122,7 +122,7 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.verify import verify_bundle            # hashes first, then real runs on the samples
     report = verify_bundle(b, timeout=cfg.lite.timeout)
     gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
-                checks=[Check(c["name"], c["observed"], c["limit"], "<=", c["passed"]) for c in report["checks"]])
+                checks=[Check(**c) for c in report["checks"]])
     gate.status = OK if all(c.passed for c in gate.checks) else "FAIL"
     gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
     if cfg.bundle.archive:

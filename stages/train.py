@@ -58,18 +58,22 @@ def check_data(cfg, ds, nproc: int = 1) -> None:
                           hint=f"set train.batch_size <= {n // nproc}")
 
 
-def check_labels(model, x: np.ndarray, labels: np.ndarray, where: str) -> None:
-    """Labels must index the model's outputs: a label past the last class crashes (or silently
-    corrupts) cross-entropy deep inside Paddle, so say which label and which model size instead."""
+def output_classes(model, x: np.ndarray) -> int | None:
+    """Size of the model's last output dimension, from one forward pass on one sample."""
     import paddle
 
     model.eval()
     with paddle.no_grad():
         out = model(paddle.to_tensor(x[:1]))
     model.train()
-    if not hasattr(out, "shape"):
+    return int(out.shape[-1]) if hasattr(out, "shape") else None
+
+
+def check_labels(classes: int | None, labels: np.ndarray, where: str) -> None:
+    """Labels must index the model's outputs: a label past the last class crashes (or silently
+    corrupts) cross-entropy deep inside Paddle, so say which label and which model size instead."""
+    if classes is None:
         return
-    classes = int(out.shape[-1])
     valid = labels[labels >= 0] if labels.ndim > 1 else labels     # recognition pads with -1
     bad = valid[(valid < 0) | (valid >= classes)] if valid.size else valid
     if bad.size:
@@ -119,8 +123,9 @@ def run(ctx: StageContext) -> StageResult:
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
     model = task.build_model(cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
-    check_labels(model, first, ds.train.labels, "training set")
-    check_labels(model, first, ds.val.labels, "validation set")
+    classes = output_classes(model, first)
+    check_labels(classes, ds.train.labels, "training set")
+    check_labels(classes, ds.val.labels, "validation set")
     plan = amp.plan(cfg.train.amp, device, env.capabilities())
     plan, precheck_diff = precheck_amp(cfg, model, plan, first)
 

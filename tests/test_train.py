@@ -273,13 +273,13 @@ def test_label_out_of_range_names_the_model_size():
     import paddle
 
     from pipeline.errors import DataError
-    from stages.train import check_labels
+    from stages.train import check_labels, output_classes
 
     model = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(4, 3))
-    x = np.zeros((2, 1, 2, 2), np.float32)
-    check_labels(model, x, np.array([0, 2]), "training set")
+    classes = output_classes(model, np.zeros((2, 1, 2, 2), np.float32))
+    check_labels(classes, np.array([0, 2]), "training set")
     with pytest.raises(DataError, match="label 3 is out of range for a model with 3 outputs"):
-        check_labels(model, x, np.array([0, 3]), "training set")
+        check_labels(classes, np.array([0, 3]), "training set")
 
 
 def test_visualdl_missing_is_a_clear_config_error(tmp_path):

@@ -34,12 +34,17 @@ def _timed(run_fn: RunFn, x: np.ndarray, warmup: int, repeats: int) -> np.ndarra
     return times
 
 
+def summarize_ms(times_ms) -> dict:
+    """p50/p90/p99/mean of a set of timings in milliseconds (one shape for every latency we report)."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    p50, p90, p99 = np.percentile(t, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(t.mean())}
+
+
 def latency_ms(run_fn: RunFn, x: np.ndarray, warmup: int = 5, repeats: int = 50) -> dict:
     """Per-call wall time of run_fn(x): p50/p90/p99/mean in milliseconds."""
     _check_counts(warmup, repeats)
-    t = _timed(run_fn, x, warmup, repeats) * 1e3
-    p50, p90, p99 = np.percentile(t, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(t.mean())}
+    return summarize_ms(_timed(run_fn, x, warmup, repeats) * 1e3)
 
 
 def throughput(run_fn: RunFn, x: np.ndarray, warmup: int = 2, repeats: int = 10) -> float:
