@@ -33,23 +33,34 @@ def _checks(engine: str, out: np.ndarray, expected: np.ndarray) -> list[dict]:
             for c in parity_checks(out, expected, SAMPLE_ATOL) if c.limit is not None]
 
 
-def verify_bundle(path: Path, timeout: float = 120, threads: int = 0) -> dict:
+def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
+    """Every runnable model in the bundle, behind the one engine interface: name -> Engine factory."""
     from .engines import lite
     from .engines.paddle_infer import InferenceEngine
     from .env import cpu_count
 
+    found = {"server fp32": lambda: InferenceEngine(folder / "server" / "fp32" / "inference", "fp32",
+                                                    threads=threads or cpu_count())}
+    nb = folder / "mobile" / "x86_fp32.nb"
+    if nb.is_file():
+        found["lite x86 fp32"] = lambda: lite.LiteEngine(nb, cfg["input"]["shape"], timeout=timeout)
+    onnx = folder / "server" / "onnx" / "model.onnx"
+    if onnx.is_file():
+        from .engines.ort import OrtEngine
+
+        found["onnxruntime fp32"] = lambda: OrtEngine(onnx, threads=threads or 1)
+    return found
+
+
+def verify_bundle(path: Path, timeout: float = 120, threads: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="bundle-verify-") as scratch:
         folder = open_bundle(Path(path), Path(scratch))
         manifest = verify_hashes(folder)
         cfg = load_infer_config(folder)
         x, expected = _samples(folder, cfg)
         checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
-        eng = InferenceEngine(folder / "server" / "fp32" / "inference", "fp32", threads=threads or cpu_count())
-        checks += _checks("server fp32", eng.run(x), expected)
-        nb = folder / "mobile" / "x86_fp32.nb"
-        if nb.is_file():
-            checks += _checks("lite x86 fp32", lite.run(nb, x, expected_shape=cfg["input"]["shape"],
-                                                       timeout=timeout), expected)
+        for name, make in _engines(folder, cfg, timeout, threads).items():
+            checks += _checks(name, make().run(x), expected)
         failed = [c for c in checks if not c["passed"]]
         return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
                 "ok": not failed}

@@ -88,8 +88,8 @@ def run(ctx: StageContext) -> StageResult:
         g = convert_row("x86", "fp32")
         if g.status == OK:
             try:
-                out = lite.run(ctx.out_dir / "x86_fp32.nb", x, expected_shape=info["input_shape"],
-                               timeout=lc.timeout)
+                eng = lite.LiteEngine(ctx.out_dir / "x86_fp32.nb", info["input_shape"], timeout=lc.timeout)
+                out = eng.run(x)
                 value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
                 g.reference = ref_metric
                 evaluate(g, out, ref_out, lc.gate.atol, value, lc.gate.metric_delta)

@@ -26,25 +26,18 @@ def _threads(cfg) -> int:
     return cfg.server.threads or env.cpu_count()
 
 
-def _perf(engine, x: np.ndarray, pc) -> dict:
-    from pipeline.engines import perf
-
-    one = x[:1]
-    batch = np.concatenate([x] * (pc.batch_size // len(x) + 1))[:pc.batch_size]
-    lat = perf.latency_ms(engine.run, one, warmup=pc.warmup, repeats=pc.repeats)
-    sps = perf.throughput(engine.run, batch, warmup=max(1, pc.warmup // 2), repeats=max(3, pc.repeats // 5))
-    return {"latency_ms": lat, "throughput_sps": sps, "throughput_batch": pc.batch_size}
-
-
 def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
     t0 = time.perf_counter()
     out = engine.run_batched(x, 64)
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
-    gate = Gate("server", f"paddle-inference {name}", requested, engine.effective_precision,
+    gate = Gate("server", f"{engine.kind} {name}", requested, engine.effective_precision,
                 task.primary_metric, reference=ref_metric)
     evaluate(gate, out, ref_out, tol.atol, value, tol.metric_delta)
-    gate.extra.update(_perf(engine, x, ctx.cfg.server.perf))
+    pc = ctx.cfg.server.perf
+    gate.extra.update(engine.perf(x, pc.batch_size, warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
+    gate.extra["evidence"] = dict(engine.evidence)      # what proves the effective precision
+    gate.extra["settings"] = dict(engine.settings)
     if getattr(engine, "int8_quantized", None):
         gate.extra["int8_ops"] = dict(engine.int8_quantized)      # what oneDNN really ran in INT8
     gate.seconds = round(time.perf_counter() - t0, 2)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engines.base import Engine, validate_input
 from pipeline.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # parent of the `pipeline` package
@@ -271,18 +272,8 @@ def convert(model_file: str | os.PathLike, params_file: str | os.PathLike,
 
 
 def _check_input(x: Any, expected_shape: list[int]) -> None:
-    if not isinstance(x, np.ndarray):
-        raise DataError(f"Lite input must be a numpy array, got {type(x).__name__}")
-    if x.dtype != np.float32:
-        raise DataError(f"Lite input dtype is {x.dtype}, expected float32 "
-                        "(Lite does not check: float64 yields NaN)", "cast with x.astype('float32')")
-    exp = [-1 if d is None else int(d) for d in expected_shape]
-    ok = x.ndim == len(exp) and all(e == -1 or e == g for e, g in zip(exp, x.shape))
-    if not ok:
-        raise DataError(f"Lite input shape {list(x.shape)} does not match expected {exp} "
-                        "(-1 = any; Lite does not check and returns garbage)")
-    if x.size == 0:
-        raise DataError(f"Lite input is empty: shape {list(x.shape)}")
+    # Lite checks neither shape nor dtype (float64 yields NaN, a wrong shape garbage or an abort)
+    validate_input(x, expected_shape, "Lite")
 
 
 def run(nb_path: str | os.PathLike, x: np.ndarray, *, expected_shape: list[int],
@@ -311,3 +302,31 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
     machine = platform.machine().lower()
     host = {"x86_64": "x86", "amd64": "x86", "aarch64": "arm", "arm64": "arm"}.get(machine)
     return precision == "fp32" and target == host
+
+
+class LiteEngine(Engine):
+    """A .nb behind the engine interface; every run is a subprocess (Lite aborts on bad input).
+
+    The effective precision is read from the kernel keys stored in the .nb, not from its name.
+    Numbers are meaningful only where fp32_nb_runs_correctly_here() holds (an x86 fp32 .nb on x86).
+    """
+
+    kind = "paddle-lite"
+
+    def __init__(self, nb_path: str | os.PathLike, input_shape: list[int], timeout: float = 120) -> None:
+        super().__init__()
+        self.nb = Path(nb_path)
+        if not self.nb.is_file() or self.nb.stat().st_size == 0:
+            raise MissingArtifact(f"Lite model missing or empty: {self.nb}")
+        self.input_shape = [-1 if d is None else int(d) for d in input_shape]
+        self.timeout = timeout
+        precs = sorted({_PREC_NAMES.get(k[3], str(k[3])) for k in nb_kernels(self.nb)})
+        self.target = _nb_target(self.nb)
+        self.effective_precision = "fp16" if "fp16" in precs else "int8" if "int8" in precs else "fp32"
+        self.evidence = {"nb_kernel_precisions": precs, "target": self.target}
+        self.settings = {"subprocess_per_run": True, "timeout_s": timeout}
+        if not fp32_nb_runs_correctly_here(self.target, self.effective_precision):
+            self.notes.append("outputs are not meaningful on this host (only an x86 fp32 .nb runs correctly here)")
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        return run(self.nb, x, expected_shape=self.input_shape, timeout=self.timeout)

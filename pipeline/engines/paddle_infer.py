@@ -15,7 +15,8 @@ import paddle
 from paddle import inference as pinf
 from paddle.base.proto import framework_pb2
 
-from pipeline.errors import ConfigError, DataError, MissingArtifact, PipelineError
+from pipeline.engines.base import Engine
+from pipeline.errors import ConfigError, MissingArtifact, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Outputs that are bookkeeping, not activations: emulating fp16 on them would corrupt state or shapes.
@@ -128,11 +129,13 @@ def _int8_ops_done(log: str) -> dict[str, int]:
     return done
 
 
-class InferenceEngine:
+class InferenceEngine(Engine):
     """A paddle.inference predictor for a one-input/one-output model.
 
     `effective_precision` says what really runs (e.g. "fp16-emulated" on CPU); `notes` explain why.
     """
+
+    kind = "paddle-inference"
 
     def __init__(self, model_prefix: str | os.PathLike, precision: str = "fp32", threads: int = 2,
                  mkldnn: bool = True, ir_optim: bool = True, device: str = "cpu",
@@ -141,10 +144,11 @@ class InferenceEngine:
             raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
         if device not in ("cpu", "gpu"):
             raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
+        super().__init__()
         self.model_prefix = str(model_prefix)
         model, params = _files(model_prefix)
         self.input_shape = program_input_shape(model_prefix)
-        self.notes: list[str] = []
+        self.settings = {"threads": int(threads), "mkldnn": mkldnn, "ir_optim": ir_optim, "device": device}
         cfg = pinf.Config(model, params)
         cfg.disable_glog_info()  # GLOG_minloglevel does not silence the pass printout
         cfg.switch_ir_optim(ir_optim)
@@ -161,6 +165,8 @@ class InferenceEngine:
             raise PipelineError(f"Paddle Inference could not load {self.model_prefix}: {msg[-1] if msg else e!r}",
                                 hint="check the model was exported by paddle.jit.save / PaddleSlim") from e
         self.int8_quantized = _int8_ops_done("".join(log))  # op type -> count really run in int8
+        if precision == "int8":
+            self.evidence["onednn_int8_ops"] = dict(self.int8_quantized)
         if precision == "int8":
             self.notes.append(f"oneDNN int8 ops: {self.int8_quantized}")
             if not self.int8_quantized:  # fake-quant ops folded away, weights dequantized: fp32 math
@@ -237,31 +243,11 @@ class InferenceEngine:
             cfg.enable_use_gpu(256, 0, mode)
         return precision
 
-    def _validate(self, x: np.ndarray) -> None:
-        if not isinstance(x, np.ndarray):
-            raise DataError(f"input must be a numpy array, got {type(x).__name__}")
-        if x.dtype != np.float32:
-            raise DataError(f"input dtype {x.dtype} != float32", hint="cast with x.astype(np.float32)")
-        want = self.input_shape
-        if x.ndim != len(want):
-            raise DataError(f"input rank {x.ndim} (shape {list(x.shape)}) != model rank {len(want)} ({want})")
-        bad = [i for i, (g, w) in enumerate(zip(x.shape, want)) if w > 0 and g != w]
-        if bad or x.shape[0] == 0:
-            raise DataError(f"input shape {list(x.shape)} does not match model input {want}",
-                            hint="-1 dims are free; batch must be >= 1")
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        self._validate(x)
+    def _run(self, x: np.ndarray) -> np.ndarray:
         self._in.reshape(list(x.shape))
-        self._in.copy_from_cpu(np.ascontiguousarray(x))
+        self._in.copy_from_cpu(x)
         self._predictor.run()
         return self._out.copy_to_cpu()
-
-    def run_batched(self, x: np.ndarray, batch_size: int) -> np.ndarray:
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self._validate(x)
-        return np.concatenate([self.run(x[i:i + batch_size]) for i in range(0, len(x), batch_size)], axis=0)
 
 
 def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> dict:
