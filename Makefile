@@ -14,7 +14,7 @@ PADDLE_gpu := paddlepaddle-gpu==2.6.2
 ARGS = -c $(CONFIG) $(foreach o,$(O),-o $(o))
 export FORCE
 
-.PHONY: setup train export deploy server lite bundle all test test-fast bench bench-train amp-bench \
+.PHONY: setup train export deploy server lite bundle all test test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean
 
 setup: $(STAMP)
@@ -57,6 +57,20 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow"
+
+# Order independence: the whole suite, last test first (pytest-reverse).
+test-reversed: $(STAMP)
+	$(PY) -m pytest -q --reverse tests
+
+# The capability-dependent tests under every simulated CPU profile (pipeline/capabilities.py), e.g. the
+# bf16 row must run (and prove or disprove bf16) on a bf16 CPU and be SKIPPED elsewhere. ~10 min.
+PROFILES ?= avx2 bf16 vnni bf16,vnni no-gpu
+PROFILE_TESTS ?= tests/test_capabilities.py tests/test_engines_infer.py tests/test_chain.py tests/test_engines_lite.py \
+	tests/test_user_model.py "tests/test_train.py::test_requested_and_effective_precision_are_recorded" \
+	"tests/test_train.py::test_metrics_jsonl_has_every_field_per_epoch"
+test-profiles: $(STAMP)
+	@set -e; for p in $(PROFILES); do echo "== PIPELINE_TEST_CPU_PROFILE=$$p"; \
+	  PIPELINE_TEST_CPU_PROFILE=$$p $(PY) -m pytest -q $(PROFILE_TESTS); done
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

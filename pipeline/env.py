@@ -26,14 +26,9 @@ def cpu_vendor() -> str:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    """CPU flags as the product sees them (pipeline/capabilities.py owns the detection)."""
+    from . import capabilities as caps
+    return set(caps.cpu_flags())
 
 
 def cpu_count() -> int:
@@ -94,21 +89,10 @@ def git_commit() -> str | None:
     return None
 
 
-@lru_cache(maxsize=1)
 def capabilities() -> dict:
-    """What this machine can really run. Imports paddle lazily (callers may not need it)."""
-    import paddle
-
-    gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
-    caps = {"cuda_build": paddle.device.is_compiled_with_cuda(), "gpu": gpu, "gpu_name": None,
-            "compute_capability": None, "fp16": False, "bf16": False}
-    if gpu:
-        props = paddle.device.cuda.get_device_properties(0)
-        caps["gpu_name"] = props.name
-        caps["compute_capability"] = f"{props.major}.{props.minor}"
-        caps["fp16"] = props.major >= 7 and paddle.amp.is_float16_supported()
-        caps["bf16"] = paddle.amp.is_bfloat16_supported()
-    return caps
+    """GPU facts (gpu, fp16, bf16, ...): see pipeline/capabilities.py, which also owns CPU flags."""
+    from . import capabilities as caps
+    return caps.gpu()
 
 
 def hardware() -> dict:
@@ -118,9 +102,10 @@ def hardware() -> dict:
             model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
     except OSError:
         pass
+    from . import capabilities as caps
     return {"machine": platform.machine(), "cpu": model, "cpu_vendor": cpu_vendor(), "cores": cpu_count(),
             "avx512": any(f.startswith("avx512") for f in cpu_flags()), "system": platform.system(),
-            "argv0": os.path.basename(sys.argv[0])}
+            "capabilities": caps.describe(), "argv0": os.path.basename(sys.argv[0])}
 
 
 def import_paddle_quietly():

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
+# produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
+UNVERIFIED = "UNVERIFIED"
 
 
 @dataclass
@@ -69,6 +71,14 @@ class Gate:
 
 def skipped(stage: str, subject: str, precision: str, metric: str, reason: str) -> Gate:
     return Gate(stage, subject, precision, "none", metric, status=SKIPPED, reason=reason)
+
+
+def unverified(gate: Gate, why: str, vouched_by: str) -> Gate:
+    """Mark a produced-but-not-executed artifact: the reason says why, and what vouches for it instead."""
+    gate.status = UNVERIFIED
+    gate.reason = f"converted, not executed ({why}); vouched for by {vouched_by}"
+    gate.extra["vouched_by"] = vouched_by
+    return gate
 
 
 def _fmt(v) -> str:

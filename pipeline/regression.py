@@ -118,13 +118,18 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
     for key, b in base["gates"].items():
         c = cur["gates"].get(key)
         now = c["status"] if c else "missing"
-        if b["status"] == "OK":
-            ok = now == "OK"
+        if b["status"] in ("OK", "UNVERIFIED"):
+            # an UNVERIFIED row (produced, not executed) may become OK, never worse; OK must stay OK
+            allowed = ("OK",) if b["status"] == "OK" else ("OK", "UNVERIFIED")
+            ok = now in allowed
             why = "" if ok else f" ({c['reason']})" if c and c.get("reason") else ""
-            out.append(Comparison(f"status · {key}", "status", b["status"], now, "stays OK", ok,
-                                  f"{key}: passed in baseline, now {now}{why}"))
+            was = "passed" if b["status"] == "OK" else "was UNVERIFIED"
+            out.append(Comparison(f"status · {key}", "status", b["status"], now, f"stays {' or '.join(allowed)}",
+                                  ok, f"{key}: {was} in baseline, now {now}{why}"))
         if c is None:
             continue
+        if b.get("precision") and c.get("precision") and b["status"] != "SKIPPED":
+            out.append(_precision(key, b["precision"], c["precision"]))
         if _num(b["value"]) and c["value"] is not None:
             drop = b["value"] - c["value"]
             ok = metric_check(b["metric"], c["value"], b["value"], metric_drop).passed   # the gates' own rule
@@ -143,6 +148,16 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
                               growth <= size_growth + 1e-12,
                               f"{key}: {b_bytes:,} → {c_bytes:,} bytes ({growth:+.1%}, limit +{size_growth:.0%})"))
     return out
+
+
+def _precision(key: str, base: str, cur: str) -> Comparison:
+    """Any change of the precision that really ran is a regression (fp16 -> fp32 is slower, int8 -> fp32
+    may mean oneDNN stopped quantizing, fp32 -> bf16 changes the numbers); only the explanation may change."""
+    from .engines.evidence import head
+
+    ok = head(base) == head(cur)
+    return Comparison(f"precision · {key}", "precision", base, cur, "same effective precision", ok,
+                      f"{key}: effective precision {base} → {cur}")
 
 
 def _slowdown(base_gflops, cur_gflops) -> float:
@@ -172,7 +187,7 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-_PRIORITY = {"metric": 0, "status": 1, "size": 2, "latency": 3}
+_PRIORITY = {"metric": 0, "status": 1, "precision": 2, "size": 3, "latency": 4}
 
 
 def regressions(comparisons: list[Comparison]) -> list[Comparison]:

@@ -27,6 +27,8 @@ def write_junit(path: Path, facts: dict, comparisons: list, stage_errors: dict[s
             ET.SubElement(case, "failure", message=f"{key}: {g['reason']}"[:500], type="GateFailed").text = g["reason"]
         elif g["status"] == "SKIPPED":
             ET.SubElement(case, "skipped", message=g["reason"][:500])
+        elif g["status"] == "UNVERIFIED":      # produced, not executed: neither a pass nor a failure
+            ET.SubElement(case, "skipped", message=f"UNVERIFIED: {g['reason']}"[:500])
     gated = {g["stage"] for g in facts["gates"].values()}
     for stage, err in stage_errors.items():          # a stage that crashed or never ran has no gates: still visible
         if stage in gated:
@@ -157,7 +159,8 @@ def _finite(v) -> bool:
 
 CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}.OK,.passed{color:#080}"
-       ".FAIL,.failed,.regressed{color:#b00;font-weight:bold}.SKIPPED{color:#a60}img{max-width:100%}")
+       ".FAIL,.failed,.regressed{color:#b00;font-weight:bold}.SKIPPED{color:#a60}.UNVERIFIED{color:#06c}"
+       "img{max-width:100%}")
 
 
 def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:

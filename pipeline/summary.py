@@ -13,7 +13,8 @@ from rich.table import Table
 from .artifacts import load_manifest
 from .gates import Gate
 
-STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "ERROR": "bold red", "NOT RUN": "dim"}
+STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "ERROR": "bold red",
+         "NOT RUN": "dim"}
 SHORT = {"max_abs_diff": "atol", "finite": "finite"}
 
 
@@ -48,12 +49,14 @@ def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -
             g = Gate.from_dict(d)
             subject = g.subject.replace("paddle-inference ", "inference ").removeprefix("lite ")
             verdict = g.status
-            if g.reason:
-                notes.append(f"{g.stage} {subject}: {g.reason}")
+            # "fp32 (bf16 not applied: ...)": the table shows the precision, the note says why
+            precision, _, why = g.precision_effective.partition(" (")
+            reason = "; ".join(filter(None, [g.reason, f"ran {precision} ({why}" if why else ""]))
+            if reason:
+                notes.append(f"{g.stage} {subject}: {reason}")
                 verdict += f" [{len(notes)}]"
             lat = g.extra.get("latency_ms")
             p50 = f"{lat['p50']:.2f} ms" if isinstance(lat, dict) and lat.get("p50") is not None else ""
-            precision = g.precision_effective
             if g.status != "SKIPPED" and not precision.startswith(g.precision_requested.split("/")[0]):
                 precision = f"{g.precision_requested} → {precision}"      # e.g. float16/O1 → float32 on CPU
             rows.append([name, subject, precision, g.metric, _num(g.value),

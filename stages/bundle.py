@@ -61,17 +61,18 @@ def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels:
 def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict) -> str:
     lines = [f"# {name}", "", f"Task: **{info['task']}**, input {info['input_shape'][1:]} (NCHW, float32), "
              f"primary metric **{info['primary_metric']}**.", "",
-             "## Gates (every artifact in this bundle passed these)", "",
+             "## Gates", "", "OK: executed here and within tolerance. UNVERIFIED: converted, not executed; the row says "
+             "what vouches for it. SKIPPED: not produced, with the reason.", "",
              "| stage | checked | precision (effective) | metric | value | verdict |", "|---|---|---|---|---|---|"]
     for g in gates:
         v = "" if g.get("value") is None else f"{g['value']:.4f}"
         lines.append(f"| {g['stage']} | {g['subject']} | {g['precision_effective']} | {g['metric']} | {v} | "
-                     f"{g['status']}{(': ' + g['reason']) if g['status'] == 'SKIPPED' else ''} |")
+                     f"{g['status']}{(': ' + g['reason']) if g['status'] in ('SKIPPED', 'UNVERIFIED') else ''} |")
     lines += ["", "## Files", ""] + [f"- `{k}` ({v['bytes']:,} bytes)" for k, v in files.items()]
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
     lines += ["", "Verify before use: `python -m pipeline verify <this folder or .tar.gz>`.",
-              "Only the x86 FP32 `.nb` was executed here; ARM and quantized `.nb` files are converted, "
-              "not executed (no ARM device), and their accuracy is vouched for by the Paddle Inference rows.", ""]
+              "Files whose row is UNVERIFIED were converted, not executed here (e.g. ARM `.nb` on an x86 host); "
+              "their accuracy is vouched for by the executed row their line names.", ""]
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from pipeline import env
+from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.gates import FAIL, Gate, evaluate, skipped
@@ -30,13 +31,15 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     t0 = time.perf_counter()
     out = engine.run_batched(x, 64)
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
-    gate = Gate("server", f"{engine.kind} {name}", requested, engine.effective_precision,
-                task.primary_metric, reference=ref_metric)
+    label, proof = engine.effective_precision, dict(engine.evidence)
+    if requested != "fp32" and np.isfinite(out).all():     # a low-precision label must show in the numbers
+        label, proof["outputs_vs_fp32"] = evidence.check_outputs(label, requested, out, ref_out)
+    gate = Gate("server", f"{engine.kind} {name}", requested, label, task.primary_metric, reference=ref_metric)
     evaluate(gate, out, ref_out, tol.atol, value, tol.metric_delta)
     pc = ctx.cfg.server.perf
     gate.extra.update(engine.perf(x, pc.batch_size, warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
-    gate.extra["evidence"] = dict(engine.evidence)      # what proves the effective precision
+    gate.extra["evidence"] = proof                    # what proves the effective precision
     gate.extra["settings"] = dict(engine.settings)
     if getattr(engine, "int8_quantized", None):
         gate.extra["int8_ops"] = dict(engine.int8_quantized)      # what oneDNN really ran in INT8

@@ -7,6 +7,8 @@ import pytest
 
 from pipeline.engines.paddle_infer import (InferenceEngine, bf16_status, make_fp16_emulated, program_input_shape,
                                            program_ops)
+from pipeline import capabilities as caps
+from pipeline.engines import evidence
 from pipeline.engines.perf import latency_ms, matmul_peak_gflops, program_macs, throughput
 from pipeline.engines.quant import quantizable_layers, quantize_ptq
 from pipeline.errors import ConfigError, DataError, PipelineError
@@ -93,17 +95,42 @@ def test_fp16_emulated_close_but_not_equal(tiny):
     assert (a.argmax(1) == b.argmax(1)).mean() >= 0.98
 
 
-def test_bf16_and_fp16_refused_honestly(tiny):
+def test_bf16_and_fp16_refused_or_proven(tiny):
+    """bf16: refused where the CPU lacks it; elsewhere labelled bf16 only with bf16 ops in the optimized program."""
     ok, reason = bf16_status()
-    if ok:
-        pytest.skip(f"this CPU supports bf16: {reason}")
     assert "bf16" in reason
-    with pytest.raises(PipelineError, match="bf16"):
-        InferenceEngine(tiny["prefix"], precision="bf16")
-    with pytest.raises(PipelineError, match="GPU"):  # real fp16 predictor needs CUDA
-        InferenceEngine(tiny["prefix"], precision="fp16")
+    if not ok:
+        with pytest.raises(PipelineError, match="bf16"):
+            InferenceEngine(tiny["prefix"], precision="bf16")
+    else:
+        eng = InferenceEngine(tiny["prefix"], precision="bf16")
+        if caps.simulated(caps.BF16_FLAGS):
+            assert eng.effective_precision.startswith("fp32 (bf16 not applied: "), eng.effective_precision
+        else:
+            assert eng.effective_precision == "bf16", eng.evidence
+            assert "ops in bfloat16" in eng.evidence["optimized_program"], eng.evidence
+    if not caps.gpu()["gpu"]:
+        with pytest.raises(PipelineError, match="GPU"):  # real fp16 predictor needs CUDA
+            InferenceEngine(tiny["prefix"], precision="fp16")
     with pytest.raises(ConfigError):
         InferenceEngine(tiny["prefix"], precision="fp8")
+
+
+def test_labels_say_what_ran_when_passes_are_off(tiny, monkeypatch):
+    """ir_optim=false / mkldnn=false: the row says fp32 and why, on every CPU (bf16 simulated where absent)."""
+    monkeypatch.setenv(caps.PROFILE_ENV, "bf16")
+    x = tiny["val"][:16]
+    ref = InferenceEngine(tiny["prefix"]).run(x)
+    eng = InferenceEngine(tiny["prefix"], precision="bf16", ir_optim=False)
+    assert eng.effective_precision == "fp32 (bf16 not applied: ir_optim=false)"
+    label, line = evidence.check_outputs("bf16", "bf16", eng.run(x), ref)   # identical outputs veto a claim
+    assert label.startswith("fp32 (bf16 not applied: outputs identical to fp32") and "relative" in line
+    q = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-labels", tiny["calib"], algo="abs_max", batch_size=32,
+                     batch_nums=2)
+    for kw, why in (({"mkldnn": False}, "mkldnn=false"), ({"ir_optim": False}, "ir_optim=false")):
+        e = InferenceEngine(q, precision="int8", **kw)
+        assert e.effective_precision == f"fp32 (int8 not applied: {why})", e.effective_precision
+        assert e.evidence["optimized_program"] == "no op in int8"
 
 
 def test_int8_ptq_agrees_with_fp32(tiny):
@@ -112,6 +139,8 @@ def test_int8_ptq_agrees_with_fp32(tiny):
     assert any("quantize" in t for t in program_ops(q))
     eng = InferenceEngine(q, precision="int8")
     assert eng.effective_precision == "int8" and eng.int8_quantized
+    placed = eng.op_precisions["int8"]                 # the label follows what oneDNN really quantized
+    assert "ops in int8" in eng.evidence["optimized_program"] and ("fc" in placed) == caps.has_vnni(), (placed, eng.notes)
     fp32 = InferenceEngine(tiny["prefix"])
     ref, out = fp32.run(tiny["val"]), eng.run(tiny["val"])
     agree = float((ref.argmax(1) == out.argmax(1)).mean())

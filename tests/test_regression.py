@@ -19,15 +19,16 @@ STAGES = ["train", "export", "server", "lite", "bundle"]
 LIMITS = dict(metric_drop=0.01, size_growth=0.10, latency_growth=0.25)
 
 
-def _gate(stage, subject, value, status="OK", **extra):
-    g = Gate(stage, subject, "fp32", "fp32", "accuracy", value=value, reference=value, status=status,
-             checks=[Check("accuracy_drop", 0.0, 0.01, "<=", status == "OK")], extra=extra, seconds=0.5)
-    g.reason = "" if status == "OK" else "accuracy_drop 0.2 > limit 0.01"
+def _gate(stage, subject, value, status="OK", precision="fp32", **extra):
+    g = Gate(stage, subject, precision.split(" ")[0], precision, "accuracy", value=value, reference=value,
+             status=status, checks=[Check("accuracy_drop", 0.0, 0.01, "<=", status != "FAIL")], extra=extra,
+             seconds=0.5)
+    g.reason = {"OK": "", "FAIL": "accuracy_drop 0.2 > limit 0.01"}.get(status, "converted, not executed")
     return g.to_dict()
 
 
 def make_run(root: Path, name: str, acc=0.95, p50=1.0, p90=1.2, nb=100_000, server_status="OK",
-             skip_bundle=False, gflops=40.0) -> Path:
+             skip_bundle=False, gflops=40.0, int8="int8", arm_status="UNVERIFIED") -> Path:
     """A run folder shaped like the runner's output: <stage>/manifest.json with gates and outputs."""
     run = root / name
     lat = {"p50": p50, "p90": p90, "p99": p90 * 1.2, "mean": p50}
@@ -37,9 +38,10 @@ def make_run(root: Path, name: str, acc=0.95, p50=1.0, p90=1.2, nb=100_000, serv
                    {"inference.pdmodel": 20_000, "inference.pdiparams": 80_000}),
         "server": ([_gate("server", "paddle-inference fp32", acc, server_status, latency_ms=lat),
                     skipped("server", "paddle-inference bf16", "bf16", "accuracy", "no bf16 CPU").to_dict(),
-                    _gate("server", "paddle-inference int8", acc - 0.01, latency_ms={**lat, "p50": p50 / 2})],
+                    _gate("server", "paddle-inference int8", acc - 0.01, precision=int8,
+                          latency_ms={**lat, "p50": p50 / 2})],
                    {"models/int8/model.pdiparams": 30_000}),
-        "lite": ([_gate("lite", "lite arm fp32", None, bytes=nb), _gate("lite", "lite x86 fp32", acc, bytes=nb)],
+        "lite": ([_gate("lite", "lite arm fp32", None, arm_status, bytes=nb), _gate("lite", "lite x86 fp32", acc, bytes=nb)],
                  {"arm_fp32.nb": nb, "x86_fp32.nb": nb}),
         "bundle": ([_gate("bundle", "bundle self-verification", None)],
                    {f"{name}-1/server/fp32/inference.pdiparams": 80_000, f"{name}-1/mobile/x86_fp32.nb": nb,
@@ -70,7 +72,27 @@ def test_identical_run_passes(tmp_path):
     a = run_facts(make_run(tmp_path, "a"), STAGES)
     comps = compare(a, a, **LIMITS)
     kinds = {c.kind for c in comps}
-    assert kinds == {"status", "metric", "latency", "size"} and not regressions(comps)
+    assert kinds == {"status", "metric", "latency", "size", "precision"} and not regressions(comps)
+
+
+def test_precision_change_is_a_regression_but_its_explanation_is_not(tmp_path):
+    base = run_facts(make_run(tmp_path, "a"), STAGES)
+    fell_back = run_facts(make_run(tmp_path, "b", int8="fp32 (int8 not applied: mkldnn=false)"), STAGES)
+    regs = [c for c in regressions(compare(base, fell_back, **LIMITS)) if c.kind == "precision"]
+    assert len(regs) == 1 and "paddle-inference int8: effective precision int8 → fp32 (int8 not applied" in regs[0].message
+    a = run_facts(make_run(tmp_path, "c", int8="fp32 (int8 not applied: mkldnn=false)"), STAGES)
+    b = run_facts(make_run(tmp_path, "d", int8="fp32 (int8 not applied: ir_optim=false)"), STAGES)
+    assert not [c for c in regressions(compare(a, b, **LIMITS)) if c.kind == "precision"]
+
+
+def test_unverified_rows_never_count_as_ok(tmp_path):
+    unverified = run_facts(make_run(tmp_path, "a"), STAGES)
+    claimed_ok = run_facts(make_run(tmp_path, "b", arm_status="OK"), STAGES)
+    assert not regressions(compare(unverified, claimed_ok, **LIMITS))        # became executed: fine
+    regs = regressions(compare(claimed_ok, unverified, **LIMITS))           # OK -> not executed: flagged
+    assert [c.message for c in regs] == ["lite: lite arm fp32: passed in baseline, now UNVERIFIED (converted, not executed)"]
+    gone = run_facts(make_run(tmp_path, "c", arm_status="FAIL"), STAGES)
+    assert any("was UNVERIFIED in baseline, now FAIL" in c.message for c in regressions(compare(unverified, gone, **LIMITS)))
 
 
 def test_degraded_run_is_flagged_and_named(tmp_path):
@@ -137,7 +159,8 @@ def test_check_run_junit_report_history_and_baselines(tmp_path, cfg):
     assert len(list(cases)) == n_gates + n_comps
     failures = [f.get("message") for f in tree.getroot().iter("failure")]
     assert len(failures) == len(third["regressions"]) and any("accuracy 0.9500 → 0.8500" in m for m in failures)
-    assert len(list(tree.getroot().iter("skipped"))) == 1     # bf16
+    skips = [e.get("message") for e in tree.getroot().iter("skipped")]
+    assert len(skips) == 2 and any(m.startswith("UNVERIFIED: converted, not executed") for m in skips)  # bf16, arm
 
     html = third["report"].read_text()
     srcs = [s.split("'")[0] for s in html.split("<img src='")[1:]]

@@ -15,7 +15,6 @@ import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib 
 import atexit
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -299,9 +298,8 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
 
     On x86, ARM and quantized .nb files run without error but output garbage (STACK.md).
     """
-    machine = platform.machine().lower()
-    host = {"x86_64": "x86", "amd64": "x86", "aarch64": "arm", "arm64": "arm"}.get(machine)
-    return precision == "fp32" and target == host
+    from pipeline.capabilities import host_arch
+    return precision == "fp32" and target == host_arch()
 
 
 class LiteEngine(Engine):

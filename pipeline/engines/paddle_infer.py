@@ -15,6 +15,8 @@ import paddle
 from paddle import inference as pinf
 from paddle.base.proto import framework_pb2
 
+from pipeline import capabilities
+from pipeline.engines import evidence
 from pipeline.engines.base import Engine
 from pipeline.errors import ConfigError, MissingArtifact, PipelineError
 
@@ -72,29 +74,13 @@ def _feed_name(block: framework_pb2.BlockDesc, model_prefix: str | os.PathLike) 
     return feeds[0]
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    return set(next((ln.split(":", 1)[1] for ln in lines if ln.startswith("flags")), "").split())
-
-
 def bf16_status() -> tuple[bool, str]:
     """(True, why) only when the CPU has native BF16 *and* Paddle agrees; oneDNN otherwise silently runs FP32."""
-    flags = _cpu_flags()
-    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
-    if not native:
-        return False, "CPU lacks avx512_bf16/amx_bf16; oneDNN would silently run FP32"
-    if not paddle.base.core.is_compiled_with_mkldnn():
-        return False, "this Paddle build has no oneDNN (MKLDNN); bf16 kernels unavailable"
-    if not paddle.base.core.supports_bfloat16():
-        return False, f"CPU has {'/'.join(native)} but Paddle reports bf16 unsupported"
-    return True, f"CPU has {'/'.join(native)} and Paddle supports bf16"
+    return capabilities.bf16_cpu_status()
 
 
 def cpu_has_vnni() -> bool:
-    return bool(_cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return capabilities.has_vnni()
 
 
 @contextlib.contextmanager
@@ -149,6 +135,7 @@ class InferenceEngine(Engine):
         model, params = _files(model_prefix)
         self.input_shape = program_input_shape(model_prefix)
         self.settings = {"threads": int(threads), "mkldnn": mkldnn, "ir_optim": ir_optim, "device": device}
+        self.op_precisions: dict[str, dict[str, int]] = {}   # oneDNN data type -> op counts (evidence)
         cfg = pinf.Config(model, params)
         cfg.disable_glog_info()  # GLOG_minloglevel does not silence the pass printout
         cfg.switch_ir_optim(ir_optim)
@@ -157,21 +144,30 @@ class InferenceEngine(Engine):
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
         log: list[str] = []
+        # bf16/int8 labels need evidence: keep the program oneDNN really runs (see engines/evidence.py)
+        want_evidence = device == "cpu" and precision in evidence.ONEDNN_TYPE
         try:  # only int8 is captured: a fatal abort elsewhere must still show its message
-            with _capture_stderr_fd() if precision == "int8" else contextlib.nullcontext(log) as log:
+            with evidence.optimized_program_dir(cfg) if want_evidence else contextlib.nullcontext() as optdir, \
+                    _capture_stderr_fd() if precision == "int8" else contextlib.nullcontext(log) as log:
                 self._predictor = pinf.create_predictor(cfg)
+                ops = evidence.op_precisions(optdir) if want_evidence else {}
+                saved = bool(want_evidence and list(optdir.glob("*.pdmodel")))
         except Exception as e:  # Paddle raises RuntimeError/ValueError/OSError subclasses
             msg = str(e).strip().splitlines()
             raise PipelineError(f"Paddle Inference could not load {self.model_prefix}: {msg[-1] if msg else e!r}",
                                 hint="check the model was exported by paddle.jit.save / PaddleSlim") from e
-        self.int8_quantized = _int8_ops_done("".join(log))  # op type -> count really run in int8
+        self.int8_quantized = _int8_ops_done("".join(log))  # op type -> count the pass printout reports
         if precision == "int8":
             self.evidence["onednn_int8_ops"] = dict(self.int8_quantized)
         if precision == "int8":
             self.notes.append(f"oneDNN int8 ops: {self.int8_quantized}")
-            if not self.int8_quantized:  # fake-quant ops folded away, weights dequantized: fp32 math
-                self.effective_precision = "fp32"
-                self.notes.append("no op was quantized by oneDNN; runs fp32 (int8-rounded weights)")
+        if want_evidence:
+            why = evidence.why_not_applied(precision, mkldnn=mkldnn, ir_optim=ir_optim, saved=saved,
+                                           simulated=capabilities.simulated(capabilities.BF16_FLAGS)
+                                           if precision == "bf16" else False)
+            self.effective_precision, proof = evidence.structural_label(precision, ops, why)
+            self.evidence.update(proof)
+            self.op_precisions = ops
         ins, outs = self._predictor.get_input_names(), self._predictor.get_output_names()
         if len(ins) != 1 or len(outs) != 1:
             raise PipelineError(f"engine supports one input/one output, model has {ins} -> {outs}")
@@ -191,21 +187,23 @@ class InferenceEngine(Engine):
                 raise PipelineError(f"{self.model_prefix} has no quantize ops; int8 needs a PaddleSlim quant model",
                                     hint="run quant.quantize_ptq() first")
             # Without enable_mkldnn_int8 a fake-quant model runs simulated (~10x slower, still fp32 math).
+            if not mkldnn:      # the user's setting wins; the label then says int8 was not applied
+                self.notes.append("server.mkldnn=false: fake-quant ops simulated in fp32 (no oneDNN int8)")
+                return "int8"
             cfg.enable_mkldnn()
             if int8_ops is None and not cpu_has_vnni():
                 int8_ops = _INT8_SAFE_OPS
                 self.notes.append("CPU lacks VNNI: fc/matmul kept fp32 (oneDNN int8 GEMM saturates without it)")
             cfg.enable_mkldnn_int8(set(int8_ops or ()))  # empty set = every op oneDNN can quantize
-            if not mkldnn:
-                self.notes.append("mkldnn forced on: CPU int8 kernels are oneDNN only")
             return "int8"
         if precision == "bf16":
             ok, why = bf16_status()
             if not ok:
                 raise PipelineError(f"bf16 not available: {why}", hint="report bf16 as SKIPPED (see bf16_status())")
-            cfg.enable_mkldnn()
-            cfg.enable_mkldnn_bfloat16()
             self.notes.append(why)
+            if mkldnn:          # bf16 kernels are oneDNN only; the label tells when it was not applied
+                cfg.enable_mkldnn()
+                cfg.enable_mkldnn_bfloat16()
             return "bf16"
         if mkldnn:
             cfg.enable_mkldnn()
@@ -214,6 +212,8 @@ class InferenceEngine(Engine):
                 raise PipelineError("fp16 predictors need a GPU build of Paddle (no CPU fp16 conv/matmul kernels)",
                                     hint="on CPU build an emulated model with make_fp16_emulated() and load that")
             self.notes.append("fp16 emulated on CPU: fp16-rounded weights/activations, fp32 math")
+            self.evidence["fp16_emulation"] = (f"program carries {sum(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)}"
+                                               " fp16 cast outputs")
             return "fp16-emulated"
         if fp16_emulated:
             self.notes.append("model carries fp16-emulation casts")
