@@ -1,11 +1,16 @@
 # Training-to-deployment pipeline. Main job: `make train export deploy`. Tests: `make test`.
 # CONFIG=configs/xxx.yaml picks the task; O="key=value key2=value2" overrides config keys;
 # FORCE=1 re-runs stages that are up to date; DEVICE=gpu installs the GPU build of Paddle.
+# Training layout: NPROC=N processes (default: train.nproc, auto); more machines:
+# NNODES=2 MASTER=<node 0 host>:<port> NODE_RANK=<0|1> on every node (paddle.distributed.launch).
 SHELL := /bin/bash
 CONFIG ?= configs/chars.yaml
 O ?=
 DEVICE ?= cpu
-NPROC ?= 1
+NPROC ?=
+NNODES ?= 1
+MASTER ?=
+NODE_RANK ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(DEVICE)
@@ -30,12 +35,11 @@ $(STAMP): requirements.txt scripts/find_python.sh
 	@$(PY) -c "import zlib, paddle, paddlelite.lite, paddleslim; print('setup ok: paddle', paddle.__version__)" 2>&1 | tail -n1
 	@touch $@
 
+LAYOUT = $(if $(NPROC),-o train.nproc=$(NPROC)) $(if $(filter-out 1,$(NNODES)),--nnodes $(NNODES) \
+	--master "$(MASTER)" $(if $(NODE_RANK),--node-rank $(NODE_RANK)))
+
 train: $(STAMP)
-ifeq ($(NPROC),1)
-	$(PY) -m pipeline run train $(ARGS)
-else
-	$(PY) -m pipeline launch --nproc $(NPROC) $(ARGS)
-endif
+	$(PY) -m pipeline run train $(ARGS) $(LAYOUT)
 
 export: $(STAMP)
 	$(PY) -m pipeline run export $(ARGS)

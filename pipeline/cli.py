@@ -12,6 +12,12 @@ from .errors import PipelineError
 ALIASES = {"deploy": ["server", "lite", "bundle"], "all": ["train", "export", "server", "lite", "bundle"]}
 
 
+def _layout_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of a multi-node run (make train NNODES=2)")
+    p.add_argument("--master", default=None, help="host:port of the rendezvous on node 0 (make train MASTER=...)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's index 0..nnodes-1 (make train NODE_RANK=i)")
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", action="append", default=[], help="config file(s), merged over configs/defaults.yaml")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
@@ -26,10 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
                      help="re-run stages even when up to date (env FORCE=1)")
     _config_args(run)
-    launch = sub.add_parser("launch", help="multi-process data-parallel training (paddle.distributed.launch)")
+    _layout_args(run)
+    launch = sub.add_parser("launch", help="`run train` with an explicit process count (paddle.distributed.launch)")
     launch.add_argument("--nproc", type=int, default=2)
     launch.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1")
     _config_args(launch)
+    _layout_args(launch)
     launch.set_defaults(func=lambda a: __import__("pipeline.distributed", fromlist=["launch"]).launch(a))
     show = sub.add_parser("summary", help="print the summary table of a run")
     _config_args(show)
@@ -46,14 +54,15 @@ def _load(args):
     return cfg
 
 
-def run_stages(cfg, names: list[str], force: bool = False):
+def run_stages(cfg, names: list[str], force: bool = False, layout=None):
     """Run stages, print the summary and one line per failure; returns (outcomes, exit code).
 
-    The one way every command (run, nightly, launch) runs stages and reports them."""
+    The one way every command (run, nightly, launch) runs stages and reports them. `layout`: the
+    training process layout (pipeline/layout.py); None plans it from the config."""
     from .runner import Runner, registry
     from .summary import print_summary
 
-    outcomes = Runner(cfg, force=force).run(names)
+    outcomes = Runner(cfg, force=force, layout=layout).run(names)
     print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
     errors = [o for o in outcomes if o.error is not None and o.status != "NOT RUN"]
     for o in errors:
@@ -65,10 +74,14 @@ def run_stages(cfg, names: list[str], force: bool = False):
 
 
 def _run(args) -> int:
+    from .layout import plan
+
     cfg = _load(args)
-    env.import_paddle_quietly()
     names = [n for s in args.stages for n in ALIASES.get(s, [s])]
-    return run_stages(cfg, names, force=args.force)[1]
+    layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
+    if layout is None or not layout.needs_launch or len(names) > 1:
+        env.import_paddle_quietly()      # a parent that only launches ranks does not need paddle itself
+    return run_stages(cfg, names, force=args.force, layout=layout)[1]
 
 
 def setup_logging() -> None:

@@ -9,10 +9,10 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -81,8 +81,11 @@ class AmpCfg(Section):
 class TrainCfg(Section):
     device: Literal["auto", "cpu", "gpu"]
     epochs: int = PosInt
+    nproc: Union[Literal["auto"], int]
     batch_size: int = PosInt
     lr: float = Field(gt=0)
+    lr_scaling: Literal["none", "linear", "sqrt"]
+    lr_base_batch: int = PosInt
     optimizer: Literal["adam", "momentum"]
     weight_decay: float = NonNegFloat
     scheduler: Literal["cosine", "constant"]
@@ -93,6 +96,13 @@ class TrainCfg(Section):
     val_slice: int = PosInt
     resume: bool
     visualdl: bool
+
+    @field_validator("nproc", mode="before")
+    @classmethod
+    def _auto_or_count(cls, v):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("must be auto or a process count >= 1")
 
 
 class Tolerance(Section):

@@ -1,20 +1,24 @@
-"""Multi-process data-parallel training with Paddle's own launcher (gloo on CPU, NCCL on GPU).
+"""Multi-process (and multi-node) data-parallel training with Paddle's own launcher (gloo on CPU, NCCL on GPU).
 
-    python -m pipeline launch --nproc 2 -c CONFIG -o ...      (make train NPROC=2)
-      → python -m paddle.distributed.launch --nproc_per_node 2 --log_dir <run>/log \\
-            pipeline/distributed.py --worker -c CONFIG -o ...
+    make train [NPROC=2] [NNODES=2 MASTER=host:port NODE_RANK=i]
+      → python -m pipeline run train ...      (the Runner plans the layout: pipeline/layout.py)
+      → python -m paddle.distributed.launch --nproc_per_node N [--nnodes 2 --master host:port --rank i]
+            --log_dir <run>/log pipeline/distributed.py --worker -c <run>/log/config.launch.yaml
 
-Every worker calls `init_parallel_env()` and runs the train stage's function; the train loop wraps
-the model in `paddle.DataParallel` and each rank takes its share of every global batch
-(train.batch_size is per process). Only rank 0 goes through the Runner, so only rank 0 writes the
-stage output, its manifest and the checkpoints; the other ranks write into a throwaway folder.
-Rank 0's log is streamed to this console; every rank's log is in <run>/log/workerlog.N.
+Every worker calls `init_parallel_env()`; the train loop wraps the model in `paddle.DataParallel` and
+each rank takes its share of every global batch (train.batch_size is the global batch). Rank 0 alone
+runs a Runner, so only rank 0 writes the stage output, its manifest and the checkpoints; the other
+ranks write into a throwaway folder. Every rank writes <log>/status.<local rank>.json: RUNNING (with its
+pid) when it starts, its outcome when it ends; a rank that is still RUNNING after the launcher exits
+died without a word (killed, crashed), and the error names it and its log.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STATUS = "status.json"
+STATUS = "status.{}.json"
+PEER_LOST = ("gloo::IoException", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
+CRASH = ("terminate called after throwing", "C++ Traceback", "Error Message Summary")
 
 
 def world() -> tuple[int, int]:
@@ -34,17 +40,34 @@ def world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-# ---------------------------------------------------------------- the parent: `python -m pipeline launch`
+# ---------------------------------------------------------------- the parent (a Runner with a multi-process layout)
 
-def _child_env(cfg, nproc: int) -> dict:
+def log_dir_of(cfg, layout) -> Path:
+    """Worker logs; one folder per node when several nodes share a file system."""
+    base = cfg.run_dir / "log"
+    return base / f"node{layout.node_rank}" if layout.nnodes > 1 else base
+
+
+def _child_env(layout) -> dict:
     from . import env
 
     child = dict(os.environ)
-    # threads per process: the cores shared out, unless the user chose (env or run.threads)
-    threads = cfg.run.threads or max(1, env.cpu_count() // nproc)
+    passed = {}
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if cfg.run.threads or key in env.APPLIED_TUNING or key not in os.environ:
-            child[key] = str(threads)
+        child[key] = passed[key] = str(layout.threads)
+    why = {"OMP_NUM_THREADS": f"layout: {layout.describe()}", "MKL_NUM_THREADS": f"layout: {layout.describe()}"}
+    if "OMP_WAIT_POLICY" in env.APPLIED_TUNING or "OMP_WAIT_POLICY" not in os.environ:
+        # the parent probed for its own thread count; decide again for the ranks' threads
+        child.pop("OMP_WAIT_POLICY", None)
+        policy, why["OMP_WAIT_POLICY"] = env.choose_wait_policy(
+            layout.threads, os.environ.get(env.WAIT_SWITCH, "auto").lower(),
+            env.busy_cores() if layout.threads > 1 else None, demand=layout.threads * layout.nproc)
+        if policy:
+            child["OMP_WAIT_POLICY"] = passed["OMP_WAIT_POLICY"] = policy
+    child[env.LAUNCHER_MARK] = ",".join({**env.APPLIED_TUNING, **passed})
+    child.pop(env.TUNED_MARK, None)
+    child["PIPELINE_TUNING_WHY"] = json.dumps({**env.TUNING_WHY, **why})
+    child["PIPELINE_LAYOUT_REASON"] = layout.reason
     child["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     child["PYTHONUNBUFFERED"] = "1"
     child.setdefault("GLOG_minloglevel", "1")        # hide gloo's per-connection INFO lines; warnings stay
@@ -52,17 +75,21 @@ def _child_env(cfg, nproc: int) -> dict:
 
 
 def _follow(path: Path, pos: int, out) -> int:
-    """Copy what was appended to `path` since `pos` to `out`; return the new position."""
+    """Copy what was appended to `path` since `pos` to `out`; return the new position (-1 once the rank
+    crashed: Paddle's C++ crash report stays in the log file, the diagnosis follows on the console)."""
+    if pos < 0:
+        return pos
     try:
         with open(path, "rb") as f:
             f.seek(pos)
             data = f.read()
     except OSError:
         return pos
+    cut = min((i for i in (data.find(m.encode()) for m in CRASH) if i >= 0), default=-1)
     if data:
-        out.write(data)
+        out.write(data if cut < 0 else data[:cut] + f"[rank crashed: details in {path}]\n".encode())
         out.flush()
-    return pos + len(data)
+    return pos + len(data) if cut < 0 else -1
 
 
 def _last_line(path: Path) -> str:
@@ -73,92 +100,190 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def launch(args) -> int:
-    from . import env
-    from .config import load_config
-    from .errors import ConfigError, PipelineError
+def _launch_cmd(layout, log_dir: Path, cfg_file: Path, force: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(layout.nproc),
+           "--log_dir", str(log_dir), "--max_restart", "0"]
+    if layout.nnodes > 1:
+        cmd += ["--nnodes", str(layout.nnodes), "--master", str(layout.master), "--rank", str(layout.node_rank),
+                "--job_id", "pipeline-train"]
+    if layout.device == "gpu":
+        cmd += ["--devices", ",".join(str(i) for i in range(layout.nproc))]
+    cmd += [str(Path(__file__).resolve()), "--worker", "-c", str(cfg_file)]
+    return cmd + (["--force"] if force else [])
 
-    cfg = load_config(args.config, args.override)             # bad config: one line, before any process starts
-    nproc = int(args.nproc)
-    if nproc < 1:
-        raise ConfigError(f"--nproc must be >= 1, got {nproc}", hint="make train NPROC=2")
-    if nproc == 1:
-        from .cli import _run
-        args.stages = ["train"]
-        return _run(args)
-    if nproc > env.cpu_count() and not env.capabilities()["gpu"]:
-        print(f"warning: {nproc} processes on {env.cpu_count()} CPU cores: they will compete for the cores",
-              file=sys.stderr)
 
-    log_dir = cfg.run_dir / "log"
+def read_statuses(log_dir: Path, nproc: int) -> dict[int, dict | None]:
+    out = {}
+    for i in range(nproc):
+        try:
+            out[i] = json.loads((log_dir / STATUS.format(i)).read_text())
+        except (OSError, json.JSONDecodeError):
+            out[i] = None
+    return out
+
+
+def launch_stage(cfg, stage: str, layout, force: bool) -> dict | None:
+    """Start the ranks, stream rank 0's log, wait. Returns rank 0's status (None on a node other than
+    node 0: its rank 0 writes the outputs); raises PipelineError naming the rank that failed."""
+    from .config import save_resolved
+    from .errors import PipelineError
+
+    log_dir = log_dir_of(cfg, layout)
     log_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*log_dir.glob("workerlog.*"), log_dir / STATUS]:
+    for old in [*log_dir.glob("workerlog.*"), *log_dir.glob("status.*.json"), *log_dir.glob("envlog.*")]:
         old.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(log_dir), "--max_restart", "0", str(Path(__file__).resolve()), "--worker"]
-    for c in args.config:
-        cmd += ["-c", str(c)]
-    for o in args.override:
-        cmd += ["-o", o]
-    if args.force:
-        cmd.append("--force")
-    print(f"launching {nproc} processes (paddle.distributed.launch); logs: {log_dir}/workerlog.0..{nproc - 1}, "
-          f"launcher: {log_dir}/launch.log", file=sys.stderr, flush=True)
-    worker0 = log_dir / "workerlog.0"
-    pos = 0
-    out = sys.stderr.buffer
+    cfg_file = log_dir / "config.launch.yaml"
+    save_resolved(cfg, cfg_file)          # every rank reads exactly the config this parent resolved
+    where = f" (this is node {layout.node_rank}, master {layout.master})" if layout.nnodes > 1 else ""
+    print(f"[{stage}] launching {layout.describe()}{where} ({layout.reason}); logs: {log_dir}/workerlog.0.."
+          f"{layout.nproc - 1}, launcher: {log_dir}/launch.log", file=sys.stderr, flush=True)
+    worker0, pos, out = log_dir / "workerlog.0", 0, sys.stderr.buffer
     with open(log_dir / "launch.log", "wb") as launcher_log:
-        proc = subprocess.Popen(cmd, stdout=launcher_log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=_child_env(cfg, nproc))
+        proc = subprocess.Popen(_launch_cmd(layout, log_dir, cfg_file, force), stdout=launcher_log,
+                                stderr=subprocess.STDOUT, cwd=ROOT, env=_child_env(layout))
         try:
             while proc.poll() is None:
                 pos = _follow(worker0, pos, out)
                 time.sleep(0.2)
         except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
+            proc.send_signal(signal.SIGINT)           # the launcher stops its ranks
+            proc.wait(timeout=60)
             raise
     _follow(worker0, pos, out)
+    statuses = read_statuses(log_dir, layout.nproc)
+    finished = all(s is not None and s["status"] not in ("RUNNING", "TERMINATED") for s in statuses.values())
+    if proc.returncode == 0 and finished:
+        return statuses[0] if not layout.node_rank else None
+    if statuses[0] is not None and statuses[0]["status"] not in ("RUNNING", "TERMINATED", "PEER_LOST") \
+            and statuses[0].get("error") and not layout.node_rank:
+        return statuses[0]        # rank 0 failed on its own (gate, bad data...) and said why: its error
+    raise PipelineError(*diagnose(log_dir, layout, statuses, proc.returncode))
 
-    status = None
+
+def _read(path: Path) -> str:
     try:
-        status = json.loads((log_dir / STATUS).read_text())
-    except (OSError, json.JSONDecodeError):
-        pass
-    if status is not None and status.get("exit_code", 1) != 0:
-        return int(status["exit_code"])      # rank 0 already printed its one-line error (streamed above)
-    if proc.returncode != 0 or status is None:
-        logs = {i: (log_dir / f"workerlog.{i}") for i in range(nproc)}
-        texts = {i: (p.read_text(errors="replace") if p.is_file() else "") for i, p in logs.items()}
-        crashed = [i for i, t in texts.items() if "Traceback" in t or "SIGABRT" in t or "SIGSEGV" in t]
-        who = crashed[0] if crashed else 0
-        peer = " (a peer process died or hung: every rank's log matters)" if "TIMEOUT" in texts[who] or \
-            "SIGABRT" in texts[who] else ""
-        raise PipelineError(f"distributed training failed (launcher exit code {proc.returncode}); worker {who} "
-                            f"last wrote: {_last_line(logs[who]) or 'nothing'}{peer}",
-                            hint=f"full logs in {log_dir}/workerlog.0..{nproc - 1} and {log_dir}/launch.log")
-    return 0
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[str, str]:
+    """(message, hint) naming the rank that failed first and its log.
+
+    The launcher names the lowest failed rank, not the first one, so the ranks' own records decide: a rank
+    whose status file still says RUNNING died without a word; if its log shows it lost a peer (gloo
+    aborts the process when a peer's socket closes), it is a victim, not the cause."""
+    logs = {i: log_dir / f"workerlog.{i}" for i in statuses}
+    silent = [i for i, s in statuses.items() if s is None or s["status"] == "RUNNING"]
+    victims = {i for i in silent if any(m in _read(logs[i]) for m in PEER_LOST)}
+    spoke = [i for i, s in statuses.items() if s is not None and s["status"] not in ("RUNNING", "TERMINATED", "PEER_LOST")
+             and s.get("error")]
+    codes = {int(m[0]): int(m[1]) for m in re.findall(r"Container rank (\d+) status failed cmd .*? code (-?\d+)",
+                                                      _read(log_dir / "launch.log"))}
+    culprits = [i for i in silent if i not in victims] or spoke
+    rank_of = lambda i: (layout.node_rank or 0) * layout.nproc + i  # noqa: E731
+    if culprits:
+        local = culprits[0]
+        code = codes.get(local)
+        how = (f"failed: {statuses[local].get('error')}" if local in spoke else
+               f"died without reporting (exit code {code}{_signal_name(code)})" if code is not None else
+               "died without reporting (killed, e.g. SIGKILL or out of memory, or crashed)")
+        last = _last_line(logs[local]) if local not in spoke else ""
+        msg = f"distributed training: rank {rank_of(local)} {how}; its log: {logs[local]}" + \
+            (f" (last line: {last})" if last else "")
+    else:                         # every local rank lost a peer: the cause is on another node
+        local = min(statuses)
+        msg = (f"distributed training: rank {rank_of(local)} lost its connection to a peer (a rank on another node "
+               f"died or was stopped); its log: {logs[local]}")
+    others = [str(logs[i]) for i in statuses if i != local]
+    hint = (f"all ranks stopped (launcher exit code {returncode}); the last good checkpoint is kept in the "
+            f".work/train/checkpoint folder of the run and the next run resumes from it; other logs: "
+            f"{', '.join(others) or 'none'}, {log_dir}/launch.log")
+    return msg, hint
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return ""
+    try:
+        return f", {signal.Signals(-code).name}"
+    except ValueError:
+        return ""
+
+
+def launch(args) -> int:
+    """`python -m pipeline launch --nproc N`: `run train` with an explicit layout (kept for old command lines)."""
+    from .cli import _load, run_stages
+    from .layout import plan
+
+    cfg = _load(args)                     # bad config: one line, before any process starts
+    layout = plan(cfg, nproc=args.nproc, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank)
+    return run_stages(cfg, ["train"], force=args.force, layout=layout)[1]
 
 
 # ---------------------------------------------------------------- a worker (one per process)
 
-def _up_to_date(cfg, stage, fp: str, force: bool) -> bool:
-    """The Runner's skip rule, evaluated by every rank before anyone writes (so all ranks agree)."""
+class _Terminated(BaseException):
+    """SIGTERM from the launcher (a peer failed): unwind, record it, exit."""
+
+
+def _write_status(log_dir: Path, local: int, rank: int, status: str, code: int = 0, error: str | None = None) -> None:
+    from .artifacts import write_json
+    try:
+        write_json(log_dir / STATUS.format(local), {"rank": rank, "local_rank": local, "pid": os.getpid(),
+                                                    "status": status, "exit_code": code, "error": error})
+    except OSError:
+        pass
+
+
+def _decide_skip(cfg, stage, fp: str, force: bool, rank: int) -> bool:
+    """Rank 0 applies the Runner's skip rule and every rank follows it (nodes may not share a disk)."""
+    import paddle
+    import paddle.distributed as dist
+
     from .artifacts import load_manifest, verify_outputs
     from .errors import IntegrityError
 
-    current = load_manifest(cfg.run_dir / stage.name)
-    if force or not current or current.get("fingerprint") != fp or current.get("status") != "OK":
-        return False
-    try:
-        verify_outputs(cfg.run_dir / stage.name, current)
-    except IntegrityError:
-        return False
-    return True
+    skip = False
+    if rank == 0:
+        current = load_manifest(cfg.run_dir / stage.name)
+        if not force and current and current.get("fingerprint") == fp and current.get("status") == "OK":
+            try:
+                verify_outputs(cfg.run_dir / stage.name, current)
+                skip = True
+            except IntegrityError:
+                pass
+    flag = paddle.to_tensor([1.0 if skip else 0.0])
+    dist.broadcast(flag, src=0)
+    return bool(flag.numpy()[0] > 0.5)
+
+
+def _run_rank(cfg, force: bool, rank: int) -> tuple[str, int, str | None]:
+    from .layout import current
+    from .runner import Runner, StageContext, fingerprint, registry
+
+    layout = current()
+    stage = registry()["train"]
+    fp = fingerprint(cfg, stage, {}, layout.key())
+    skip = _decide_skip(cfg, stage, fp, force, rank)
+    if rank == 0:
+        (outcome,) = Runner(cfg, force=force, layout=layout).run(["train"])
+        err = outcome.error
+        return outcome.status, (err.exit_code if err else 0), (err.one_line() if err else None)
+    if not skip:
+        scratch = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank}-"))
+        try:
+            ctx = StageContext(cfg, stage.name, scratch / "out", cfg.run_dir / ".work" / stage.name, {}, {}, fp, force)
+            ctx.out_dir.mkdir(parents=True)
+            stage.run(ctx)              # same collectives as rank 0; outputs thrown away
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return "OK", 0, None
 
 
 def _worker(argv: list[str]) -> int:
     import argparse
+    import traceback
 
     from . import env
     from .cli import setup_logging
@@ -169,52 +294,43 @@ def _worker(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--worker", action="store_true")
     p.add_argument("-c", "--config", action="append", default=[])
-    p.add_argument("-o", "--override", action="append", default=[])
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    code, error, stage_error = 0, None, None      # error: still to print; stage_error: printed already
+    local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
+    log_dir = Path(os.environ.get("PADDLE_LOG_DIR", "."))
+    _write_status(log_dir, local, rank, "RUNNING")        # also the readiness signal tests wait on
+
+    def on_term(signum, frame):
+        raise _Terminated()
+    signal.signal(signal.SIGTERM, on_term)
+    status, code, error = "ERROR", 1, None
     try:
-        cfg = load_config(args.config, args.override)
+        cfg = load_config(args.config)
         env.import_paddle_quietly()
         import paddle.distributed as dist
 
-        from .runner import StageContext, fingerprint, registry
-
         dist.init_parallel_env()
-        rank = dist.get_rank()
-        stage = registry()["train"]
-        fp = fingerprint(cfg, stage, {})
-        skip = _up_to_date(cfg, stage, fp, args.force)
-        dist.barrier()                      # every rank has decided before rank 0 may write anything
-        if rank == 0:
-            from .cli import run_stages
-
-            outcomes, code = run_stages(cfg, ["train"], force=args.force)    # prints its own error lines
-            stage_error = next((o.error.one_line() for o in outcomes if o.error is not None), None)
-        elif not skip:
-            scratch = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank}-"))
-            try:
-                ctx = StageContext(cfg, stage.name, scratch / "out", cfg.run_dir / ".work" / stage.name, {}, {},
-                                   fp, args.force)
-                ctx.out_dir.mkdir(parents=True)
-                stage.run(ctx)              # same collectives as rank 0; outputs thrown away
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+        status, code, error = _run_rank(cfg, args.force, dist.get_rank())
     except PipelineError as exc:
         code, error = exc.exit_code, exc.one_line()
+    except _Terminated:
+        status, code, error = "TERMINATED", 143, "stopped by the launcher (a peer failed)"
     except KeyboardInterrupt:
         code, error = 130, "interrupted: finished stage outputs are intact; re-run to resume"
-    if error:
-        print(f"error: {error}" + (f" (rank {rank})" if rank else ""), file=sys.stderr, flush=True)
-    if rank == 0:
-        from .artifacts import write_json
-        try:
-            write_json(Path(os.environ.get("PADDLE_LOG_DIR", ".")) / STATUS, {"exit_code": code,
-                                                                                  "error": error or stage_error})
-        except OSError:
-            pass
+    except Exception as exc:     # noqa: BLE001 -- a peer's death surfaces here as a gloo/connection error
+        (log_dir / f"traceback.{local}.txt").write_text(traceback.format_exc())
+        status, error = "PEER_LOST" if _peer_error(exc) else "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if error and (rank != 0 or status in ("PEER_LOST", "TERMINATED")):
+        # for the log; the parent prints the one error line (rank 0's stage errors come through its status file)
+        print(f"[rank {rank}] stopped: {error}", file=sys.stderr, flush=True)
+    _write_status(log_dir, local, rank, status, code, error)
     return code
+
+
+def _peer_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(w in text for w in ("connection", "gloo", "peer", "socket", "timed out", "broken pipe"))
 
 
 if __name__ == "__main__":

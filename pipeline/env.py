@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from functools import lru_cache
 
 APPLIED_TUNING: dict[str, str] = {}
@@ -38,27 +39,98 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "OMP_WAIT_POLICY")
+TUNING_WHY: dict[str, str] = {}       # var → why the pipeline chose its value (recorded in manifests)
+WAIT_SWITCH = "PIPELINE_OMP_WAIT"     # auto (probe) | active | passive; OMP_WAIT_POLICY itself always wins
+TUNED_MARK = "PIPELINE_TUNED_VARS"    # var=value this process set by default (children decide those again)
+LAUNCHER_MARK = "PIPELINE_TUNING_FROM"   # vars a launcher set on purpose for its ranks (kept)
+
+
+def busy_cores(seconds: float = 0.1) -> float | None:
+    """Cores kept busy by other processes, sampled from /proc/stat (this process sleeps meanwhile)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)       # total, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 0.0 if t1 == t0 else (1 - (i1 - i0) / (t1 - t0)) * cpu_count()
+
+
+def choose_wait_policy(threads: int, switch: str, busy: float | None, demand: int | None = None
+                       ) -> tuple[str | None, str]:
+    """OpenMP wait policy by measurement. Spinning between parallel regions is what makes a thread team
+    fast on a quiet machine (PASSIVE cost 1.8x there); on a busy one the spinning threads fight other
+    processes for the cores and PASSIVE was 1.6x faster (make bench-train measures both).
+    `demand`: threads of all our processes together (default `threads`)."""
+    if threads <= 1:
+        return None, "one thread per process: no OpenMP team waits, the policy does not matter"
+    if switch in ("active", "passive"):
+        return switch.upper(), f"{WAIT_SWITCH}={switch}"
+    if busy is None:
+        return None, "no /proc/stat to probe: OpenMP default"
+    idle = cpu_count() - busy
+    if idle >= (demand or threads) - 0.5:
+        return "ACTIVE", f"probe: other processes kept {busy:.1f} of {cpu_count()} cores busy (quiet): threads spin"
+    return "PASSIVE", f"probe: other processes kept {busy:.1f} of {cpu_count()} cores busy: idle threads sleep"
+
+
 def apply_cpu_tuning() -> dict[str, str]:
-    """Set env defaults that make Paddle's bundled MKL fast here; never override the user's choice.
+    """Set env defaults that make Paddle's bundled MKL/OpenMP fast here; never override the user's choice.
 
     - MKL_DEBUG_CPU_TYPE=5: MKL takes a slow generic path on AMD CPUs; 5 selects the AVX2 path
       (paddle.matmul ~18 → ~61 GFLOP/s measured on these machines).
     - OMP/MKL threads = available cores: Paddle's CPU kernels default to one thread.
-    - OMP_WAIT_POLICY=PASSIVE: spinning idle threads steal the other core from everything else.
+    - OMP_WAIT_POLICY by a short load probe (choose_wait_policy), or PIPELINE_OMP_WAIT=active|passive.
+    Child processes inherit the values (a launcher passes its per-process threads itself).
     """
-    wanted = {"OMP_NUM_THREADS": str(cpu_count()), "MKL_NUM_THREADS": str(cpu_count())}
-    if cpu_vendor() == "AuthenticAMD":
-        wanted["MKL_DEBUG_CPU_TYPE"] = "5"
-    if cpu_count() > 1:
-        # idle OpenMP threads otherwise spin: on a shared 2-core box that cost 20-45 % (measured)
-        wanted["OMP_WAIT_POLICY"] = "PASSIVE"
     if os.environ.get("PIPELINE_NO_TUNING") == "1":   # benchmarks measure the untuned baseline
         return {}
+    launcher = set(os.environ.get(LAUNCHER_MARK, "").split(","))
+    for item in filter(None, os.environ.get(TUNED_MARK, "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in launcher and os.environ.get(key) == value:
+            os.environ.pop(key, None)     # an ancestor pipeline process's default, not the user's choice: decide here
+    wanted = {"OMP_NUM_THREADS": str(cpu_count()), "MKL_NUM_THREADS": str(cpu_count())}
+    why = {"OMP_NUM_THREADS": "threads = available cores", "MKL_NUM_THREADS": "threads = available cores"}
+    if cpu_vendor() == "AuthenticAMD":
+        wanted["MKL_DEBUG_CPU_TYPE"] = "5"
+        why["MKL_DEBUG_CPU_TYPE"] = "AMD CPU: MKL's AVX2 path instead of its generic one"
+    if "OMP_WAIT_POLICY" not in os.environ:
+        threads = os.environ.get("OMP_NUM_THREADS", wanted["OMP_NUM_THREADS"])
+        switch = os.environ.get(WAIT_SWITCH, "auto").lower()
+        needs_probe = switch not in ("active", "passive") and threads.isdigit() and int(threads) > 1
+        policy, reason = choose_wait_policy(int(threads) if threads.isdigit() else 1, switch,
+                                            busy_cores() if needs_probe else None)
+        if policy:
+            wanted["OMP_WAIT_POLICY"] = policy
+        why["OMP_WAIT_POLICY"] = reason
     for key, value in wanted.items():
         if key not in os.environ:
             os.environ[key] = value
             APPLIED_TUNING[key] = value
+            TUNING_WHY[key] = why[key]
+    if "OMP_WAIT_POLICY" not in wanted and "OMP_WAIT_POLICY" in why:
+        TUNING_WHY["OMP_WAIT_POLICY"] = why["OMP_WAIT_POLICY"]          # why it was left unset
+    os.environ[TUNED_MARK] = ",".join(f"{k}={v}" for k, v in APPLIED_TUNING.items())
     return dict(APPLIED_TUNING)
+
+
+def tuning_record() -> dict:
+    """The CPU tuning in effect in this process, for manifests: each variable's value and who set it."""
+    inherited = os.environ.get(LAUNCHER_MARK)          # what a launcher set for its ranks
+    rec = {k: os.environ.get(k) for k in TUNING_VARS}
+    rec["set_by"] = {k: ("pipeline" if k in APPLIED_TUNING else "pipeline (launcher)" if inherited and k in inherited.split(",")
+                         else "user") for k in TUNING_VARS if os.environ.get(k) is not None}
+    rec["why"] = dict(TUNING_WHY)
+    if os.environ.get("PIPELINE_TUNING_WHY"):
+        import json
+        rec["why"] = {**json.loads(os.environ["PIPELINE_TUNING_WHY"]), **rec["why"]}
+    return rec
 
 
 @lru_cache(maxsize=1)

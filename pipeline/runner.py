@@ -60,6 +60,9 @@ class Stage:
     run: Callable[[StageContext], StageResult]
     description: str = ""
     code_deps: tuple[str, ...] = ()   # repo-relative files/folders whose code changes the result
+    # config keys that the resolved process layout (pipeline/layout.py) stands for: non-empty means the
+    # layout enters the fingerprint in their place (train.nproc=auto and =2 are the same run on 2 cores)
+    layout_keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,22 +96,39 @@ def _code_hash(stage: Stage) -> str:
     return h.hexdigest()[:16]
 
 
-def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict]) -> str:
+def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict], layout: dict | None = None) -> str:
+    """Config section + input hashes + code, and for layout-keyed stages the process layout (Layout.key())."""
+    config = cfg.section(*stage.config_keys)
+    for dotted in stage.layout_keys:
+        *path, last = dotted.split(".")
+        node = config
+        for part in path:
+            node = node.get(part, {})
+        node.pop(last, None)
     blob = {
         "stage": stage.name,
-        "config": cfg.section(*stage.config_keys),
+        "config": config,
         "inputs": {k: {f: m["sha256"] for f, m in v.get("outputs", {}).items()} for k, v in input_manifests.items()},
         "code": _code_hash(stage),
     }
+    if stage.layout_keys:
+        blob["layout"] = layout
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 class Runner:
-    def __init__(self, cfg: Config, force: bool = False):
+    def __init__(self, cfg: Config, force: bool = False, layout=None):
         self.cfg = cfg
         self.force = force
         self.stages = registry()
         self.run_dir = cfg.run_dir
+        self.layout = layout          # pipeline.layout.Layout; None: planned from the config when needed
+
+    def _layout(self):
+        if self.layout is None:
+            from .layout import plan
+            self.layout = plan(self.cfg)
+        return self.layout
 
     def resolve(self, names: list[str]) -> list[Stage]:
         order = list(self.stages)
@@ -140,14 +160,16 @@ class Runner:
         return dirs, manifests
 
     def _expected_fingerprint(self, stage: Stage) -> str | None:
-        """What `stage` would fingerprint to now, given the outputs its own inputs have on disk."""
+        """What `stage` would fingerprint to now, given the outputs its own inputs have on disk
+        (and the process layout it recorded: any layout is a valid producer for downstream stages)."""
         manifests = {}
         for dep in stage.inputs:
             man = load_manifest(self.run_dir / dep)
             if man is None:
                 return None
             manifests[dep] = man
-        return fingerprint(self.cfg, stage, manifests)
+        own = load_manifest(self.run_dir / stage.name) or {}
+        return fingerprint(self.cfg, stage, manifests, own.get("layout_key"))
 
     def run(self, names: list[str]) -> list[Outcome]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -165,11 +187,14 @@ class Runner:
         t0 = time.time()
         try:
             dirs, manifests = self._inputs(stage)
+            layout = self._layout() if stage.layout_keys else None
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc)
-        fp = fingerprint(self.cfg, stage, manifests)
+        fp = fingerprint(self.cfg, stage, manifests, layout.key() if layout else None)
         final = self.run_dir / stage.name
         current = load_manifest(final)
+        if layout is not None and layout.needs_launch and layout.nnodes > 1:
+            current = None            # node 0's rank 0 decides for every node (their run folders may differ)
         if current and not self.force and current.get("fingerprint") == fp and current.get("status") == OK:
             try:
                 verify_outputs(final, current)
@@ -177,6 +202,8 @@ class Runner:
                 return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
             except IntegrityError as exc:
                 log.warning("[%s] cached output is damaged (%s); re-running", stage.name, exc.message)
+        if layout is not None and layout.needs_launch:
+            return self._launched(stage, layout, t0)
         for leftover in self.run_dir.glob(f".tmp-{stage.name}-*"):   # from a kill -9 mid-stage
             shutil.rmtree(leftover, ignore_errors=True)
         work = self.run_dir / ".work" / stage.name
@@ -188,6 +215,8 @@ class Runner:
                 ctx = StageContext(self.cfg, stage.name, tmp, work, dirs, manifests, fp, self.force)
                 result = stage.run(ctx)
                 manifest = self._manifest(stage, fp, manifests, tmp, result, started, time.time() - t0)
+                if layout is not None:
+                    manifest["layout_key"], manifest["info"]["layout"] = layout.key(), layout.record()
                 write_json(tmp / MANIFEST, manifest)
                 if manifest["status"] == FAIL:
                     # keep the evidence beside, never in place of, the last good output
@@ -195,14 +224,39 @@ class Runner:
                     tmp.mkdir()   # staged_dir swaps an empty folder in only on success; see below
                     raise _GateFail(manifest)
         except _GateFail as gf:
-            first = next(Gate.from_dict(g) for g in gf.manifest["gates"] if g["status"] == FAIL)
-            return Outcome(stage.name, FAIL, manifest=gf.manifest, seconds=time.time() - t0,
-                           error=GateFailed(first.failure_line(),
-                                            hint=f"details in {self.run_dir / (stage.name + '.failed') / MANIFEST}"))
+            return self._gate_fail(stage, gf.manifest, t0)
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
+
+    def _gate_fail(self, stage: Stage, manifest: dict, t0: float) -> Outcome:
+        first = next(Gate.from_dict(g) for g in manifest["gates"] if g["status"] == FAIL)
+        return Outcome(stage.name, FAIL, manifest=manifest, seconds=time.time() - t0,
+                       error=GateFailed(first.failure_line(),
+                                        hint=f"details in {self.run_dir / (stage.name + '.failed') / MANIFEST}"))
+
+    def _launched(self, stage: Stage, layout, t0: float) -> Outcome:
+        """Run the stage in processes (paddle.distributed.launch); rank 0 runs a Runner that writes the
+        output and manifest; this parent turns rank 0's status into the same Outcome as in-process."""
+        from .distributed import launch_stage
+
+        try:
+            status = launch_stage(self.cfg, stage.name, layout, self.force)
+        except PipelineError as exc:
+            return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
+        if status is None:            # another node's rank 0 wrote the outputs, on its own disk
+            log.info("[%s] this node's ranks finished; rank 0 on node 0 writes the outputs and the manifest", stage.name)
+            return Outcome(stage.name, "OK (node 0 writes)", seconds=time.time() - t0)
+        state = status["status"]
+        if state == FAIL:
+            return self._gate_fail(stage, load_manifest(self.run_dir / f"{stage.name}.failed"), t0)
+        if state in (OK, "CACHED"):
+            return Outcome(stage.name, state, manifest=load_manifest(self.run_dir / stage.name),
+                           seconds=time.time() - t0)
+        error = PipelineError(status.get("error") or f"{stage.name} failed on rank 0")
+        error.exit_code = int(status.get("exit_code") or 1)
+        return Outcome(stage.name, state, error=error, seconds=time.time() - t0)
 
     def _manifest(self, stage: Stage, fp: str, inputs: dict[str, dict], out: Path, result: StageResult,
                   started: str, seconds: float) -> dict:
@@ -220,7 +274,7 @@ class Runner:
             "gates": [g.to_dict() for g in result.gates],
             "info": result.info,
             "versions": env.versions(),
-            "cpu_tuning": dict(env.APPLIED_TUNING),
+            "cpu_tuning": env.tuning_record(),
             "started": started,
             "duration_s": round(seconds, 2),
         }

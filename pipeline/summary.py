@@ -78,3 +78,23 @@ def print_summary(run_dir: Path, stage_order: list[str], outcomes: dict[str, str
     console.print(table)
     for i, note in enumerate(notes, 1):
         console.print(f"  [{i}] {note}", highlight=False, soft_wrap=True)
+    layout = layout_line(run_dir)
+    if layout:
+        console.print(f"  {layout}", highlight=False, soft_wrap=True)
+
+
+def layout_line(run_dir: Path) -> str | None:
+    """How training ran (processes × threads, nodes) and why, from the train manifest."""
+    man = load_manifest(run_dir / "train")
+    lay = (man or {}).get("info", {}).get("layout")
+    if not lay:
+        return None
+    threads = lay.get("threads")
+    text = (f"train layout: {lay['nproc']} process{'es' * (lay['nproc'] != 1)} × "
+            f"{threads if threads is not None else 'default'} thread{'s' * (threads != 1)}"
+            + (f" × {lay['nnodes']} nodes" if lay.get("nnodes", 1) > 1 else "")
+            + f", global batch {man['info'].get('global_batch')} ({lay.get('reason', '')})")
+    wait = (man.get("cpu_tuning") or {})
+    if wait.get("why", {}).get("OMP_WAIT_POLICY"):
+        text += f"; OpenMP wait {wait.get('OMP_WAIT_POLICY') or 'default'}: {wait['why']['OMP_WAIT_POLICY']}"
+    return text

@@ -3,7 +3,10 @@
 Resume is exact on CPU: batches come from an RNG seeded per epoch and paddle is re-seeded at
 every epoch start, so epoch e is the same whether or not the process died before it.
 Under `paddle.distributed.launch` (see pipeline/distributed.py) every rank draws the same
-permutation and takes its own share of each global batch; only rank 0 writes anything.
+permutation and takes its own contiguous share of each global batch (train.batch_size), so the
+global batches, step count and learning rate are those of one process; DataParallel averages the
+gradients and BatchNorm running statistics are averaged over ranks after every epoch. Only rank 0
+writes anything.
 """
 from __future__ import annotations
 
@@ -51,14 +54,25 @@ def predict(model, x: np.ndarray, batch: int = 256, cast=None) -> np.ndarray:
     return np.concatenate(outs)
 
 
+def effective_lr(tr) -> tuple[float, str]:
+    """(peak lr, how it was derived). Scaling follows the global batch only, never the process count."""
+    if tr.lr_scaling == "none":
+        return tr.lr, "train.lr as given (train.lr_scaling=none)"
+    ratio = tr.batch_size / tr.lr_base_batch
+    factor = ratio if tr.lr_scaling == "linear" else math.sqrt(ratio)
+    return tr.lr * factor, (f"train.lr {tr.lr:g} x {factor:.4g} ({tr.lr_scaling}: batch_size {tr.batch_size} / "
+                            f"lr_base_batch {tr.lr_base_batch})")
+
+
 def build_optimizer(tr, model, steps_per_epoch: int):
     import paddle
 
     total = tr.epochs * steps_per_epoch
-    lr = paddle.optimizer.lr.CosineAnnealingDecay(tr.lr, T_max=total) if tr.scheduler == "cosine" else \
-        paddle.optimizer.lr.LambdaDecay(tr.lr, lambda _: 1.0)
+    peak, _ = effective_lr(tr)
+    lr = paddle.optimizer.lr.CosineAnnealingDecay(peak, T_max=total) if tr.scheduler == "cosine" else \
+        paddle.optimizer.lr.LambdaDecay(peak, lambda _: 1.0)
     if tr.warmup_epochs:
-        lr = paddle.optimizer.lr.LinearWarmup(lr, tr.warmup_epochs * steps_per_epoch, 0.0, tr.lr)
+        lr = paddle.optimizer.lr.LinearWarmup(lr, tr.warmup_epochs * steps_per_epoch, 0.0, peak)
     decay = paddle.regularizer.L2Decay(tr.weight_decay) if tr.weight_decay else None
     if tr.optimizer == "adam":
         opt = paddle.optimizer.Adam(lr, parameters=model.parameters(), weight_decay=decay)
@@ -113,6 +127,21 @@ def _global_loss(loss, nproc: int) -> float:
     return float(value) / nproc
 
 
+def _average_buffers(model, nproc: int) -> None:
+    """BatchNorm running statistics are per rank (each saw its shard): average them so every rank, the
+    checkpoint and the validation pass hold the statistics of the whole global batch stream."""
+    if nproc == 1:
+        return
+    import paddle
+    import paddle.distributed as dist
+
+    for buf in model.buffers():
+        if buf.dtype in (paddle.float32, paddle.float64):
+            total = buf.clone()
+            dist.all_reduce(total)
+            paddle.assign(total / nproc, output=buf)
+
+
 def _check_weights_finite(state: dict, epoch: int) -> None:
     bad = [k for k, v in state.items() if hasattr(v, "numpy") and not np.isfinite(v.numpy()).all()]
     if bad:
@@ -120,17 +149,21 @@ def _check_weights_finite(state: dict, epoch: int) -> None:
                              "nothing was checkpointed for this epoch", hint=NONFINITE_HINT)
 
 
-def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
+def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None, epoch_hook=None):
     """Train; returns (best fp32 state_dict, per-epoch history, info). Checkpoints live in ctx.work_dir.
 
-    loss_hook(loss, step) -> loss lets tests inject a non-finite loss.
+    loss_hook(loss, step) -> loss lets tests inject a non-finite loss; epoch_hook(record) runs on every rank
+    after each epoch's checkpoint (make bench-train paces its rounds with it).
     """
     import paddle
 
     cfg, tr = ctx.cfg, ctx.cfg.train
+    from .layout import split_batch
+
     rank, nproc = world()
     n = len(ds.train.labels)
-    global_batch = tr.batch_size * nproc
+    global_batch = tr.batch_size
+    per_rank = split_batch(global_batch, nproc)    # an uneven split is a ConfigError (checked before launch too)
     steps_per_epoch = n // global_batch            # drop_last: equal-size batches, equal steps on every rank
     opt, sched = build_optimizer(tr, model, steps_per_epoch)
     model, opt = amp.decorate(model, opt, tr.amp, plan)          # O2 first, DataParallel after (Paddle's rule)
@@ -170,8 +203,8 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
                        disable=ctx.quiet or rank != 0, leave=False, unit="batch", dynamic_ncols=True)
             for step in bar:
                 gstep = epoch * steps_per_epoch + step
-                start = (step * nproc + rank) * tr.batch_size   # this rank's share of the global batch
-                idx = order[start:start + tr.batch_size]
+                start = step * global_batch + rank * per_rank   # this rank's share of the global batch
+                idx = order[start:start + per_rank]
                 x = paddle.to_tensor(to_tensor(ds.train.images[idx], spec))
                 y = paddle.to_tensor(ds.train.labels[idx])
                 with amp.autocast(tr.amp, plan):
@@ -200,6 +233,7 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
                                     sps=f"{(step + 1) * global_batch / (time.perf_counter() - t0):.0f}", refresh=False)
             bar.close()
             seconds = time.perf_counter() - t0
+            _average_buffers(model, nproc)
             outputs = predict(model, val_x, cast=lambda: amp.autocast(tr.amp, plan))
             metric = task.metrics(outputs, ds.val.labels)[task.primary_metric]
             rec = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
@@ -239,11 +273,16 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None):
                     for k in ("loss", task.primary_metric, "lr", "samples_per_s", "skipped_steps", "loss_scale"):
                         if rec.get(k) is not None:
                             vdl.add_scalar(tag=f"train/{k}", value=float(rec[k]), step=epoch + 1)
+            if epoch_hook is not None:
+                epoch_hook(rec)
     finally:
         if vdl is not None:
             vdl.close()
     if best_state is None:                      # resumed from a finished run's last checkpoint
         best_state = amp.fp32_state_dict(model)
+    peak, lr_how = effective_lr(tr)
     info = {"resumed_after_epoch": start_epoch if resumed else None, "best_epoch": best_epoch,
-            "nproc": nproc, "global_batch": global_batch, "checkpoint": str(ckpt_dir)}
+            "nproc": nproc, "global_batch": global_batch, "per_process_batch": per_rank,
+            "lr": {"configured": tr.lr, "effective_peak": peak, "scaling": tr.lr_scaling, "how": lr_how},
+            "checkpoint": str(ckpt_dir)}
     return best_state, history, info

@@ -1,21 +1,23 @@
-"""`make bench-train`: is the pipeline's trainer as fast as a plain Paddle loop, and does the CPU tuning pay?
+"""`make bench-train`: which training layout is fastest here, and does the pipeline's trainer keep up?
 
-Measured in one run, on the same model (configs/chars.yaml: small_cnn) and the same batch:
-  (a) trainer   pipeline.train_loop.train_model, the code the train stage runs (NaN guard, telemetry, ...)
-  (b) plain     a hand-written loop: to_tensor → forward → cross_entropy → backward → step (same optimizer)
-  (c) untuned   (b) in a fresh process without MKL_DEBUG_CPU_TYPE / OMP / MKL thread variables
-                (PIPELINE_NO_TUNING=1): MKL reads its environment once, at load time
-plus, unless --no-knobs, (b) in a fresh process per tuning knob, to show what each one is worth.
-All loops take turns, one epoch each per round (one process computes at a time; the others wait on
-their stdin), and the median over rounds is reported: the machine may be shared, and taking turns
-spreads other processes' load evenly over every loop. Synthetic data (speed does not depend on pixels).
+Every row is a group of fresh processes (MKL and OpenMP read their environment once, at load), on the
+same model (configs/chars.yaml: small_cnn), the same global batch and synthetic data:
+  - plain loops (to_tensor → forward → cross_entropy → backward → step, Adam + L2 + cosine, as a user
+    writes it; paddle.DataParallel when there are several processes), one row per layout:
+    processes × threads per process × OpenMP wait policy, plus the untuned baseline (Paddle defaults:
+    no MKL_DEBUG_CPU_TYPE / OMP / MKL variables);
+  - the pipeline's trainer (pipeline.train_loop.train_model, the code the train stage runs), in one
+    process with the pipeline's own tuning, and in the layout `train.nproc: auto` chooses, with the
+    environment the launcher gives its ranks (pipeline.distributed._child_env).
+Rows take turns, one epoch each per round, so only one group computes at a time and load from other
+processes falls on all rows alike; medians over rounds; ratios against the untuned plain loop.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
+import socket
 import statistics
 import sys
 import tempfile
@@ -25,27 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import pipeline  # noqa: E402,F401  -- zlib before paddle; CPU tuning unless PIPELINE_NO_TUNING=1
+import pipeline  # noqa: E402,F401  -- zlib before paddle (this process never imports paddle itself)
 from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
 
 import numpy as np  # noqa: E402
 
-TUNING_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
-KNOBS = {  # name → environment for a fresh process (on top of an environment without TUNING_VARS)
-    "untuned (Paddle defaults)": {},
-    "MKL_DEBUG_CPU_TYPE=5 only": {"MKL_DEBUG_CPU_TYPE": "5"},
-    "OMP/MKL_NUM_THREADS=cores only": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}"},
-    "all three (pipeline/env.py)": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}",
-                                    "MKL_DEBUG_CPU_TYPE": "5"},
-    # candidate: OpenMP threads sleep instead of spinning between parallel regions (busy machines)
-    "all three + OMP_WAIT_POLICY=PASSIVE": {"OMP_NUM_THREADS": "{cores}", "MKL_NUM_THREADS": "{cores}",
-                                            "MKL_DEBUG_CPU_TYPE": "5", "OMP_WAIT_POLICY": "PASSIVE"},
-}
+from pipeline import env  # noqa: E402
 
-
-def _cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+STRIP = (*env.TUNING_VARS, "KMP_BLOCKTIME", env.TUNED_MARK, env.LAUNCHER_MARK, "PIPELINE_TUNING_WHY")
 
 
 def setup(batch: int, steps: int):
@@ -55,7 +44,7 @@ def setup(batch: int, steps: int):
     from pipeline.tasks.base import Datasets, Split
 
     cfg = load_config([ROOT / "configs" / "chars.yaml"],
-                      [f"train.batch_size={batch}", "train.epochs=1", "train.resume=false", "run.quiet=true"])
+                      [f"train.batch_size={batch}", "train.epochs=1000", "train.resume=false", "run.quiet=true"])
     task = get_task(cfg.task)
     rng = np.random.default_rng(0)
     n, h, w = batch * steps, cfg.data.height, cfg.data.width
@@ -67,112 +56,191 @@ def setup(batch: int, steps: int):
 
 
 class Plain:
-    """What a user writes by hand: same model, Adam + L2 + cosine schedule, same batch and preprocessing."""
+    """What a user writes by hand: same model, Adam + L2 + cosine, same global batch; DataParallel over ranks."""
 
     def __init__(self, cfg, task, ds, spec):
         import paddle
 
+        from pipeline.distributed import world
+
         paddle.seed(cfg.seed)
+        self.rank, self.world = world()
         self.model = task.build_model(cfg.section("model")["model"], ds.info)
+        self.net = paddle.DataParallel(self.model) if self.world > 1 else self.model
         steps = len(ds.train.labels) // cfg.train.batch_size
         self.sched = paddle.optimizer.lr.CosineAnnealingDecay(cfg.train.lr, T_max=100 * steps)
         self.opt = paddle.optimizer.Adam(self.sched, parameters=self.model.parameters(),
                                          weight_decay=paddle.regularizer.L2Decay(cfg.train.weight_decay))
         self.cfg, self.ds, self.spec, self.steps = cfg, ds, spec, steps
 
-    def epoch(self, seed: int) -> tuple[float, float]:
+    def epoch(self, seed: int) -> float:
         import paddle
         import paddle.nn.functional as F
 
         from pipeline.preprocess import to_tensor
 
         b, images, labels = self.cfg.train.batch_size, self.ds.train.images, self.ds.train.labels
-        t0, c0, m0 = time.perf_counter(), _cpu_seconds(), time.thread_time()
+        per = b // self.world
+        t0 = time.perf_counter()
         order = np.random.default_rng(seed).permutation(len(labels))
         for s in range(self.steps):
-            idx = order[s * b:(s + 1) * b]
+            idx = order[s * b + self.rank * per:s * b + (self.rank + 1) * per]
             x = paddle.to_tensor(to_tensor(images[idx], self.spec))
             y = paddle.to_tensor(labels[idx])
-            loss = F.cross_entropy(self.model(x), y)
+            loss = F.cross_entropy(self.net(x), y)
             loss.backward()
             self.opt.step()
             self.opt.clear_grad()
             self.sched.step()
-        dt = time.perf_counter() - t0
-        return self.steps * b / dt, (_cpu_seconds() - c0) / dt, self.steps * b / (time.thread_time() - m0)
+        return self.steps * b / (time.perf_counter() - t0)
 
 
-class Trainer:
-    """pipeline.train_loop.train_model, one epoch per call (its own samples/s covers the step loop only)."""
+class _Stop(Exception):
+    pass
 
-    def __init__(self, cfg, task, ds, spec, work: Path):
-        import paddle
 
-        from pipeline import amp, env
+def serve(epoch, ready: dict) -> None:
+    """Reply ready, then one {"sps"} line per "epoch <seed>" request, until "quit"."""
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        if not line.startswith("epoch"):
+            return
+        print(json.dumps({"sps": epoch(int(line.split()[1]))}), flush=True)
 
-        paddle.seed(cfg.seed)
-        self.model = task.build_model(cfg.section("model")["model"], ds.info)
-        self.plan = amp.plan(cfg.train.amp, "cpu", env.capabilities())
-        self.ctx = types.SimpleNamespace(cfg=cfg, work_dir=work, fingerprint="bench", quiet=True)
-        self.task, self.ds, self.spec = task, ds, spec
 
-    def epoch(self, seed: int) -> tuple[float, float]:
-        from pipeline.train_loop import train_model
+def run_trainer(cfg, task, ds, spec, work: Path, ready: dict) -> None:
+    """pipeline.train_loop.train_model, called once as the train stage does (DataParallel built once);
+    its epoch hook paces the rounds: it replies the epoch's samples/s (step loop only) and waits."""
+    import paddle
 
-        c0, t0 = _cpu_seconds(), time.perf_counter()
-        _, history, _ = train_model(self.ctx, self.task, self.model, self.ds, self.spec, self.plan, "cpu")
-        wall = time.perf_counter() - t0
-        sps = history[-1]["samples_per_s"]
-        # cpu share over the whole call (includes its validation pass and checkpoint: close enough)
-        return sps, (_cpu_seconds() - c0) / wall, None
+    from pipeline import amp
+    from pipeline.train_loop import train_model
+
+    paddle.seed(cfg.seed)
+    model = task.build_model(cfg.section("model")["model"], ds.info)
+    plan = amp.plan(cfg.train.amp, "cpu", env.capabilities())
+    ctx = types.SimpleNamespace(cfg=cfg, work_dir=work, fingerprint="bench", quiet=True)
+    state = {"first": True}
+
+    def hook(rec):
+        if state["first"]:                      # the warm-up epoch
+            print(json.dumps(ready), flush=True)
+            state["first"] = False
+        else:
+            print(json.dumps({"sps": rec["samples_per_s"]}), flush=True)
+        if not sys.stdin.readline().startswith("epoch"):
+            raise _Stop
+
+    try:
+        train_model(ctx, task, model, ds, spec, plan, "cpu", epoch_hook=hook)
+    except _Stop:
+        pass
 
 
 def child(args) -> None:
-    """Fresh process holding a plain loop; runs one epoch per "epoch <seed>" line on stdin (JSON reply)."""
+    """One rank of a row: runs one epoch per "epoch <seed>" line on stdin, replies JSON."""
     import logging
 
     logging.getLogger("pipeline").setLevel(logging.ERROR)
-    from pipeline import env
-
     env.import_paddle_quietly()
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        import paddle.distributed as dist
+        dist.init_parallel_env()
     cfg, task, ds, spec = setup(args.batch, args.steps)
-    plain = Plain(cfg, task, ds, spec)
-    plain.epoch(0)                                   # warm-up
-    print(json.dumps({"ready": True, "env": {k: os.environ.get(k) for k in TUNING_VARS}}), flush=True)
-    for line in sys.stdin:
-        if not line.startswith("epoch"):
-            break
-        sps, cpu, main_sps = plain.epoch(int(line.split()[1]))
-        print(json.dumps({"sps": sps, "cpu": cpu, "main_sps": main_sps}), flush=True)
+    ready = {"ready": True, "env": {k: os.environ.get(k) for k in env.TUNING_VARS}}
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
+        if args.kind == "trainer":
+            run_trainer(cfg, task, ds, spec, Path(work), ready)
+            return
+        loop = Plain(cfg, task, ds, spec)
+        loop.epoch(0)                                   # warm-up
+        serve(loop.epoch, ready)
 
 
-class Child(LineChild):
-    """A plain loop in its own process with its own environment (MKL reads it once, at load)."""
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
-    def __init__(self, name: str, extra_env: dict, args):
-        from pipeline import env
 
-        child_env = {k: v for k, v in os.environ.items() if k not in TUNING_VARS}
-        child_env["PIPELINE_NO_TUNING"] = "1"
-        child_env.update({k: v.format(cores=env.cpu_count()) for k, v in extra_env.items()})
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--batch", str(args.batch),
+class Row:
+    """A layout: `nproc` processes (gloo on 127.0.0.1 when > 1), each with `extra` on top of a clean env."""
+
+    def __init__(self, name: str, kind: str, nproc: int, extra: dict | None, args, tuned_env: dict | None = None):
+        self.name, self.kind, self.nproc = name, kind, nproc
+        base = {k: v for k, v in os.environ.items() if k not in STRIP}
+        if tuned_env is None:
+            base["PIPELINE_NO_TUNING"] = "1"           # exactly the variables below, nothing from pipeline/env.py
+            base.update(extra or {})
+        else:
+            base.update(tuned_env)                     # the pipeline's own environment for its ranks
+        ports = _free_ports(nproc + 1)
+        endpoints = ",".join(f"127.0.0.1:{p}" for p in ports[1:])
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--kind", kind, "--batch", str(args.batch),
                "--steps", str(args.steps)]
-        super().__init__(cmd, f"bench-train {name}", env=child_env)
-        self.env = self.reply()["env"]
+        self.ranks = []
+        for r in range(nproc):
+            e = dict(base)
+            if nproc > 1:
+                e.update({"PADDLE_TRAINER_ID": str(r), "PADDLE_TRAINERS_NUM": str(nproc), "PADDLE_LOCAL_RANK": str(r),
+                          "PADDLE_LOCAL_SIZE": str(nproc), "PADDLE_NNODES": "1", "PADDLE_DISTRI_BACKEND": "gloo",
+                          "PADDLE_MASTER": f"127.0.0.1:{ports[0]}", "PADDLE_TRAINER_ENDPOINTS": endpoints,
+                          "PADDLE_CURRENT_ENDPOINT": endpoints.split(",")[r]})
+            self.ranks.append(LineChild(cmd, f"bench-train {name} rank {r}", cwd=ROOT, env=e))
+        self.env = {}
 
-    def epoch(self, seed: int) -> tuple[float, float, float]:
-        r = self.ask(f"epoch {seed}")
-        return r["sps"], r["cpu"], r["main_sps"]
+    def ready(self) -> None:
+        self.env = [c.reply()["env"] for c in self.ranks][0]      # after each rank's warm-up epoch
+
+    def epoch(self, seed: int) -> float:
+        for c in self.ranks:                            # every rank starts the epoch; they step in lockstep
+            c.proc.stdin.write(f"epoch {seed}\n")
+            c.proc.stdin.flush()
+        return [c.reply()["sps"] for c in self.ranks][0]   # global samples/s (rank 0's clock)
+
+    def close(self) -> None:
+        for c in self.ranks:
+            c.close()
+
+
+def rows(args, cores: int):
+    """(name, kind, nproc, env) for every layout measured; the chosen layout comes from pipeline/layout.py."""
+    from pipeline.config import load_config
+    from pipeline.distributed import _child_env
+    from pipeline.layout import plan
+
+    mkl = {"MKL_DEBUG_CPU_TYPE": "5"} if env.cpu_vendor() == "AuthenticAMD" else {}
+    th = lambda n: {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}  # noqa: E731
+    out = [("plain, untuned (Paddle defaults)", "plain", 1, {}, None),
+           ("plain 1 proc × 1 thread", "plain", 1, {**mkl, **th(1)}, None)]
+    if cores > 1:
+        out += [(f"plain 1 proc × {cores} threads, OpenMP default wait", "plain", 1, {**mkl, **th(cores)}, None),
+                (f"plain 1 proc × {cores} threads, ACTIVE", "plain", 1, {**mkl, **th(cores), "OMP_WAIT_POLICY": "ACTIVE"}, None),
+                (f"plain 1 proc × {cores} threads, PASSIVE", "plain", 1, {**mkl, **th(cores), "OMP_WAIT_POLICY": "PASSIVE"}, None),
+                (f"plain {cores} procs × 1 thread", "plain", cores, {**mkl, **th(1)}, None)]
+    # the trainer with the tuning this process chose at import (its wait-policy probe ran before any row started)
+    own = {**env.APPLIED_TUNING, env.LAUNCHER_MARK: ",".join(env.APPLIED_TUNING),
+           "PIPELINE_TUNING_WHY": json.dumps(env.TUNING_WHY)}
+    out.append(("trainer, 1 process, pipeline tuning", "trainer", 1, None, own))
+    cfg = load_config([ROOT / "configs" / "chars.yaml"], [f"train.batch_size={args.batch}"])
+    chosen = plan(cfg)
+    launcher_env = {k: v for k, v in _child_env(chosen).items() if k in (*STRIP, "PIPELINE_LAYOUT_REASON")}
+    out.append((f"trainer, chosen layout ({chosen.describe()})", "trainer", chosen.world, None, launcher_env))
+    return out, chosen
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: configs/chars.yaml train.batch_size)")
+    p.add_argument("--batch", type=int, default=None, help="global batch (default: configs/chars.yaml train.batch_size)")
     p.add_argument("--steps", type=int, default=12, help="steps per measured epoch")
-    p.add_argument("--rounds", type=int, default=3, help="measured epochs per loop (after one warm-up)")
-    p.add_argument("--no-knobs", action="store_true", help="skip the per-knob breakdown (fresh processes)")
+    p.add_argument("--rounds", type=int, default=3, help="measured epochs per row (after one warm-up)")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--kind", default="plain", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.batch is None:
         from pipeline.config import load_config
@@ -180,75 +248,70 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    return report(args)
 
-    import logging
 
+def report(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline import env
-
-    logging.getLogger("pipeline").setLevel(logging.ERROR)
-    console = Console(width=130)
-    load0 = os.getloadavg()
-    env.import_paddle_quietly()
-    cfg, task, ds, spec = setup(args.batch, args.steps)
-    console.print(f"model {cfg.model.name} (configs/chars.yaml), batch {args.batch}, {args.steps} steps/epoch, "
-                  f"{args.rounds} measured epochs each after 1 warm-up; {env.cpu_count()} cores, "
-                  f"{env.cpu_vendor()}; tuning applied here: {env.APPLIED_TUNING or 'none (set by user or disabled)'}")
-
-    knobs = {"untuned (Paddle defaults)": KNOBS["untuned (Paddle defaults)"]} if args.no_knobs else KNOBS
-    console.print(f"  starting {len(knobs)} fresh processes (plain loop, one per environment) ...")
-    children = {name: Child(name, extra, args) for name, extra in knobs.items()}
-    loops = {"trainer": None, "plain": None, **{name: c for name, c in children.items()}}
-    res = {name: [] for name in loops}
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
-        loops["trainer"], loops["plain"] = Trainer(cfg, task, ds, spec, Path(work)), Plain(cfg, task, ds, spec)
-        loops["trainer"].epoch(0), loops["plain"].epoch(0)                     # warm-up (children did theirs)
-        names = list(loops)
-        for r in range(args.rounds):          # round robin, one process computing at a time: same load on all
-            console.print(f"  round {r + 1}/{args.rounds} ...", highlight=False)
-            for name in (names if r % 2 == 0 else names[::-1]):
-                res[name].append(loops[name].epoch(r + 1))
-    for c in children.values():
-        c.close()
+    console = Console(width=140)
+    cores, load0 = env.cpu_count(), os.getloadavg()
+    specs, chosen = rows(args, cores)
+    console.print(f"small_cnn (configs/chars.yaml), global batch {args.batch}, {args.steps} steps/epoch, {args.rounds} "
+                  f"measured epochs per row after 1 warm-up; {cores} cores, {env.cpu_vendor()}; chosen layout: "
+                  f"{chosen.describe()} ({chosen.reason})", highlight=False)
+    console.print(f"  starting {sum(s[2] for s in specs)} processes for {len(specs)} rows ...", highlight=False)
+    live = [Row(name, kind, n, extra, args, tuned) for name, kind, n, extra, tuned in specs]
+    for r in live:
+        r.ready()
+    res = {r.name: [] for r in live}
+    try:
+        for i in range(args.rounds):        # round robin, one group computing at a time, order alternating
+            console.print(f"  round {i + 1}/{args.rounds} ...", highlight=False)
+            for r in (live if i % 2 == 0 else live[::-1]):
+                res[r.name].append(r.epoch(i + 1))
+    finally:
+        for r in live:
+            r.close()
     load1 = os.getloadavg()
-
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    sps = {name: med([x[0] for x in runs]) for name, runs in res.items()}
-    trainer_sps, plain_sps, untuned_sps = sps["trainer"], sps["plain"], sps["untuned (Paddle defaults)"]
-
-    t = Table(title="training throughput (samples/s, median of rounds)", header_style="bold")
-    for col in ("loop", "process", "samples/s", "min … max", "CPU use (cores)", "per main-thread CPU-s*"):
-        t.add_column(col)
-    labels = {"trainer": ("(a) trainer: pipeline.train_loop", "this (tuned)"),
-              "plain": ("(b) plain hand-written loop", "this (tuned)")}
-    for name, runs in res.items():
-        label, where = labels.get(name, ("(c) plain loop, untuned" if name.startswith("untuned")
-                                         else f"    plain loop, {name}", "own"))
-        mains = [x[2] for x in runs if x[2]]
-        t.add_row(label, where, f"{sps[name]:.0f}", f"{min(x[0] for x in runs):.0f} … {max(x[0] for x in runs):.0f}",
-                  f"{med([x[1] for x in runs]):.2f}", f"{med(mains):.0f}" if mains else "")
+    sps = {k: statistics.median(v) for k, v in res.items()}
+    base = sps[specs[0][0]]
+    t = Table(title="training throughput, samples/s (median of rounds); ratio vs the untuned plain loop",
+              header_style="bold")
+    for col in ("layout", "procs", "OMP threads", "wait policy", "samples/s", "min … max", "× untuned"):
+        t.add_column(col, justify="right" if col not in ("layout", "wait policy") else "left")
+    for r in live:
+        t.add_row(r.name, str(r.nproc), r.env.get("OMP_NUM_THREADS") or "default",
+                  r.env.get("OMP_WAIT_POLICY") or "default", f"{sps[r.name]:.0f}",
+                  f"{min(res[r.name]):.0f} … {max(res[r.name]):.0f}", f"{sps[r.name] / base:.2f}x")
     console.print(t)
-    console.print("* samples per CPU-second of the calling thread: roughly what the loop would do with the cores "
-                  "to itself (spin-waiting on a busy machine makes it pessimistic for multi-threaded runs)",
-                  style="dim", soft_wrap=True)
-
-    r1, r2 = trainer_sps / plain_sps, trainer_sps / untuned_sps
-    v = Table(title="ratios", header_style="bold")
+    trainer = sps[live[-1].name]
+    same = next((sps[n] for n, k, p_, e, tu in specs if k == "plain" and p_ == chosen.world and
+                 (e or {}).get("OMP_NUM_THREADS") == str(chosen.threads)), None)
+    v = Table(title="ratios (same run)", header_style="bold")
     for col in ("ratio", "value", "goal", "verdict"):
         v.add_column(col)
-    v.add_row("trainer / plain (same settings)", f"{r1:.2f}x", ">= 1.0x",
-              "[green]met[/]" if r1 >= 1.0 else ("[yellow]within noise (5%)[/]" if r1 >= 0.95 else "[red]missed[/]"))
-    v.add_row("tuned trainer / untuned plain", f"{r2:.2f}x", ">= 1.6x", "[green]met[/]" if r2 >= 1.6 else "[red]missed[/]")
+    r2 = trainer / base
+    v.add_row("trainer in its chosen layout / untuned plain loop", f"{r2:.2f}x", ">= 1.6x",
+              "[green]met[/]" if r2 >= 1.6 else "[red]missed[/]")
+    if same:
+        r1 = trainer / same
+        v.add_row("trainer / plain loop in the same layout", f"{r1:.2f}x", ">= 1.0x",
+                  "[green]met[/]" if r1 >= 1.0 else ("[yellow]within noise (5%)[/]" if r1 >= 0.95 else "[red]missed[/]"))
+    if cores > 1:
+        procs, threads = sps[f"plain {cores} procs × 1 thread"], sps[f"plain 1 proc × {cores} threads, OpenMP default wait"]
+        v.add_row(f"{cores} procs × 1 thread / 1 proc × {cores} threads (plain)", f"{procs / threads:.2f}x", "", "")
+        act, pas = sps[f"plain 1 proc × {cores} threads, ACTIVE"], sps[f"plain 1 proc × {cores} threads, PASSIVE"]
+        v.add_row("ACTIVE / PASSIVE wait (1 proc, all threads)", f"{act / pas:.2f}x", "",
+                  "machine busy: PASSIVE should win" if max(load0[0], load1[0]) > 0.5 * cores else "quiet: ACTIVE should win")
     console.print(v)
-    console.print(f"load average (1 min) before/after: {load0[0]:.2f} / {load1[0]:.2f} on {env.cpu_count()} cores"
-                  + ("  [yellow]— the machine is shared: other processes' load depresses multi-thread numbers[/]"
-                     if max(load0[0], load1[0]) > 0.5 * env.cpu_count() else ""))
+    busy = max(load0[0], load1[0]) > 0.5 * cores
+    console.print(f"load average (1 min) before/after: {load0[0]:.2f} / {load1[0]:.2f} on {cores} cores"
+                  + ("  [yellow]— shared machine: absolute numbers are depressed, compare ratios[/]" if busy else ""))
     if args.json:
-        args.json.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "results": res,
-                                         "ratios": {"trainer_vs_plain": r1, "tuned_trainer_vs_untuned_plain": r2},
-                                         "loadavg": [load0, load1]}, indent=2))
+        args.json.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "results": res, "median": sps,
+                                         "chosen_layout": chosen.record(), "loadavg": [load0, load1]}, indent=2))
     return 0
 
 

@@ -47,15 +47,14 @@ def pick_device(wanted: str) -> str:
     return device
 
 
-def check_data(cfg, ds, nproc: int = 1) -> None:
+def check_data(cfg, ds) -> None:
     tr = cfg.train
     n = len(ds.train.labels)
     if n == 0 or len(ds.val.labels) == 0:
         raise DataError("training or validation set is empty", hint="check data.path / data.num_*")
-    if tr.batch_size * nproc > n:
-        per = f" x {nproc} processes" if nproc > 1 else ""
-        raise ConfigError(f"train.batch_size {tr.batch_size}{per} is larger than the training set ({n} samples)",
-                          hint=f"set train.batch_size <= {n // nproc}")
+    if tr.batch_size > n:
+        raise ConfigError(f"train.batch_size {tr.batch_size} (the global batch) is larger than the training set "
+                          f"({n} samples)", hint=f"set train.batch_size <= {n}")
 
 
 def output_classes(model, x: np.ndarray) -> int | None:
@@ -119,7 +118,7 @@ def run(ctx: StageContext) -> StageResult:
     device = pick_device(cfg.train.device)
     rank, nproc = world()
     ds = task.load_data(cfg.section("data")["data"], cfg.seed)
-    check_data(cfg, ds, nproc)
+    check_data(cfg, ds)
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
     model = task.build_model(cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
@@ -177,12 +176,14 @@ def run(ctx: StageContext) -> StageResult:
                  "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
                  "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
         info={"device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
+              "per_process_batch": train_info["per_process_batch"], "lr": train_info["lr"],
               "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
     )
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train"),
-              make_target="train", run=run,
+              make_target="train", run=run, layout_keys=("train.nproc",),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/checkpoint.py", "pipeline/tasks",
-                         "pipeline/models", "pipeline/data", "pipeline/preprocess.py", "pipeline/text_metrics.py"),
+                         "pipeline/models", "pipeline/data", "pipeline/preprocess.py", "pipeline/text_metrics.py",
+                         "pipeline/layout.py"),
               description="AMP training on the configured task")

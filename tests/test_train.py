@@ -1,5 +1,5 @@
 """The train stage in depth: determinism, kill -9 and resume, NaN guard, honest precision, the scaler's
-skipped steps, atomic checkpoints, bad input, and 2-process data parallel. Tiny configs throughout."""
+skipped steps, atomic checkpoints, bad input (multi-process runs: test_distributed.py). Tiny configs throughout."""
 from __future__ import annotations
 
 import json
@@ -326,24 +326,6 @@ def test_visualdl_missing_is_a_clear_config_error(tmp_path):
     if importlib.util.find_spec("visualdl") is not None:
         pytest.skip("visualdl is installed here")
     _one_line_error(cli("run", "train", root=tmp_path, over=["train.visualdl=true"]), "train.visualdl", "visualdl")
-
-
-# ---------------------------------------------------------------- two processes
-
-@pytest.mark.slow
-def test_two_processes_make_one_set_of_artifacts(tmp_path):
-    res = cli("launch", "--nproc", "2", root=tmp_path, over=["train.epochs=2"], timeout=180)
-    assert res.returncode == 0, res.stderr[-4000:]
-    run = tmp_path / "r"
-    man = load_manifest(run / "train")
-    verify_outputs(run / "train", man)
-    assert man["status"] == "OK" and man["info"]["nproc"] == 2 and man["info"]["global_batch"] == 64
-    assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == \
-        ["config.resolved.yaml", "log", "train"]
-    assert not [p for p in run.iterdir() if p.name.startswith((".tmp", ".old"))]
-    assert {p.name for p in (run / "log").glob("workerlog.*")} == {"workerlog.0", "workerlog.1"}
-    assert [json.loads(l)["nproc"] for l in (run / "train" / "metrics.jsonl").read_text().splitlines()] == [2, 2]
-    assert "workerlog" in res.stderr
 
 
 def test_visualdl_logging_when_enabled(tmp_path, monkeypatch):
