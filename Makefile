@@ -1,5 +1,6 @@
 # Training-to-deployment pipeline. Main job: `make train export deploy`. Tests: `make test`.
-# CONFIG=configs/xxx.yaml picks the task; O="key=value key2=value2" overrides config keys;
+# CONFIG=configs/xxx.yaml picks the task; O="key=value key2=value2" overrides config keys (one string,
+# shell-like quoting: O='data.path="/data/my set" model.args={a: 1, b: 2}');
 # FORCE=1 re-runs stages that are up to date; DEVICE=gpu installs the GPU build of Paddle.
 # Training layout: NPROC=N processes (default: train.nproc, auto); more machines:
 # NNODES=2 MASTER=<node 0 host>:<port> NODE_RANK=<0|1> on every node (paddle.distributed.launch).
@@ -16,8 +17,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(DEVICE)
 PADDLE_cpu := paddlepaddle==2.6.2
 PADDLE_gpu := paddlepaddle-gpu==2.6.2
-ARGS = -c $(CONFIG) $(foreach o,$(O),-o $(o))
-export FORCE
+# O reaches the CLI through the environment as ONE argument ("$$O"): make never re-splits it, and the
+# CLI parses it with shell-like quoting (pipeline/config.py split_overrides)
+ARGS = -c $(CONFIG) -O "$$O"
+export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean
@@ -94,13 +97,13 @@ NEWEST_BUNDLE = b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/*/ 2>/dev/nu
 	if [ -z "$$b" ]; then echo "no bundle in bundles/: run 'make deploy' first or pass BUNDLE=path" >&2; exit 2; fi
 
 nightly: $(STAMP)
-	$(PY) -m pipeline nightly -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+	$(PY) -m pipeline nightly -c $(NIGHTLY_CONFIG) -O "$$O"
 
 accept: $(STAMP)
-	$(PY) -m pipeline accept $(RUN) -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+	$(PY) -m pipeline accept $(RUN) -c $(NIGHTLY_CONFIG) -O "$$O"
 
 history: $(STAMP)
-	$(PY) -m pipeline history -c $(NIGHTLY_CONFIG) $(foreach o,$(O),-o $(o))
+	$(PY) -m pipeline history -c $(NIGHTLY_CONFIG) -O "$$O"
 
 verify: $(STAMP)
 	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline verify $$b"; $(PY) -m pipeline verify "$$b"

@@ -44,6 +44,21 @@ def to_bytes(obj) -> bytes:
     return buf.getvalue()
 
 
+def stable_state_bytes(state: dict) -> bytes:
+    """paddle.save bytes of a model state dict that depend only on keys and values.
+
+    paddle.save also pickles a table of each tensor's internal name (`eager_tmp_38`), a process-local
+    counter: a resumed run would write a different file for identical weights. Each tensor is saved
+    under its structured key instead (a detached alias: the caller's tensors keep their names)."""
+    named = {}
+    for key, value in state.items():
+        if hasattr(value, "detach") and hasattr(value, "name"):
+            value = value.detach()
+            value.name = key
+        named[key] = value
+    return to_bytes(named)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -22,6 +22,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", action="append", default=[], help="config file(s), merged over configs/defaults.yaml")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. -o train.epochs=3 (repeatable)")
+    p.add_argument("-O", "--overrides", default="", metavar="'K=V K2=V2'",
+                   help="several overrides in one string with shell-like quoting (what `make O=...` passes), "
+                        "e.g. -O 'data.path=\"/data/my set\" model.args={a: 1, b: 2}'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,12 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "overrides", ""):       # before -o items: an explicit -o wins
+            from .config import split_overrides
+            args.override = split_overrides(args.overrides) + list(args.override)
         if args.command == "run":
             return _run(args)
         if args.command == "summary":
+            from .errors import MissingArtifact
             from .runner import registry
             from .summary import print_summary
-            print_summary(_load(args).run_dir, list(registry()), {})
+            cfg = _load(args)
+            if not cfg.run_dir.is_dir():
+                raise MissingArtifact(f"no run folder {cfg.run_dir}",
+                                      hint="run a stage first (make train), or pass the same CONFIG/O as that run")
+            print_summary(cfg.run_dir, list(registry()), {})
             return 0
         return int(args.func(args) or 0)   # subcommands from cli_tools
     except PipelineError as exc:

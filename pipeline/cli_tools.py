@@ -10,16 +10,25 @@ from pathlib import Path
 
 
 def register(sub, config_args) -> None:
-    v = sub.add_parser("verify", help="check a bundle (folder or .tar.gz): hashes, then sample outputs")
+    v = sub.add_parser("verify", help="check a bundle (folder or .tar.gz): signature, hashes, then sample outputs")
     v.add_argument("bundle", type=Path)
+    v.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
     v.add_argument("--timeout", type=float, default=120)
+    config_args(v)
     v.set_defaults(func=_verify)
+
+    g = sub.add_parser("sign", help="sign a bundle (folder or .tar.gz) with an EC private key (OpenSSF model signing)")
+    g.add_argument("bundle", type=Path)
+    g.add_argument("--key", type=Path, required=True, help="EC private key in PEM (password: $PIPELINE_SIGN_KEY_PASSWORD)")
+    g.set_defaults(func=_sign)
 
     s = sub.add_parser("serve", help="HTTP inference service for a bundle (POST /predict, GET /health)")
     s.add_argument("bundle", type=Path)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="1-65535 (default 8000)")
     s.add_argument("--threads", type=int, default=0, help="CPU threads for the predictor; 0 = all cores")
+    s.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
+    config_args(s)
     s.set_defaults(func=_serve)
 
     n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
@@ -44,22 +53,64 @@ def register(sub, config_args) -> None:
     h.set_defaults(func=_history)
 
 
+def _trust(args, cfg):
+    """--key, else verify.trust_key, else None (the signature is then reported as not checked)."""
+    return args.key or cfg.verify.trust_key
+
+
 def _verify(args) -> int:
+    from .cli import _load
     from .env import import_paddle_quietly
     from .verify import verify_or_raise
+
+    cfg = _load(args)
     import_paddle_quietly()         # paddle's import-time banner would bury the one-line error
-    report = verify_or_raise(args.bundle, timeout=args.timeout)
+    report = verify_or_raise(args.bundle, timeout=args.timeout, key=_trust(args, cfg),
+                             max_bytes=cfg.verify.max_archive_bytes, max_members=cfg.verify.max_members)
     for c in report["checks"]:
         print(f"  ok  {c['name']}" + (f" = {c['observed']:.3g} (limit {c['limit']:g})" if c["limit"] else ""))
-    print(f"verified: {args.bundle} ({report['files']} files)")
+    print(f"verified: {args.bundle} ({report['files']} files); {report['signature']}")
+    return 0
+
+
+def _sign(args) -> int:
+    import tempfile
+
+    from .bundle import open_bundle, verify_hashes, write_archive
+    from .signing import sign
+
+    path = args.bundle
+    if path.is_dir():
+        verify_hashes(path)               # sign only what is intact: a signature vouches for these bytes
+        sig = sign(path, args.key)
+        archive = path.parent / f"{path.name}.tar.gz"
+        if archive.is_file():             # keep the published pair consistent
+            write_archive(path, archive)
+        print(f"signed: {sig}" + (f" (and rewrote {archive})" if archive.is_file() else ""))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bundle-sign-", dir=path.parent if path.parent.is_dir() else None) as tmp:
+        folder = open_bundle(path, Path(tmp))
+        verify_hashes(folder)
+        sign(folder, args.key)
+        write_archive(folder, path)       # atomic: the unsigned archive stays until the signed one is complete
+    print(f"signed: {path} (model.sig inside)")
     return 0
 
 
 def _serve(args) -> int:
+    from .cli import _load
     from .env import import_paddle_quietly
     from .serve import serve
+
+    from .serve import bind
+
+    cfg = _load(args)
+    sock = bind(args.host, args.port)        # a bad or busy port: one line now, not after loading the model
     import_paddle_quietly()
-    serve(args.bundle, host=args.host, port=args.port, threads=args.threads)
+    sv = cfg.serve
+    serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg),
+          max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
+          archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members))
     return 0
 
 

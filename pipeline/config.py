@@ -168,6 +168,19 @@ class BundleCfg(Section):
     version: Optional[str]
     archive: bool
     samples: int = PosInt
+    sign_key: Optional[str]
+
+
+class VerifyCfg(Section):
+    trust_key: Optional[str]
+    max_archive_bytes: int = PosInt
+    max_members: int = PosInt
+
+
+class ServeCfg(Section):
+    max_body_bytes: int = PosInt
+    max_pixels: int = PosInt
+    max_concurrency: int = PosInt
 
 
 class RegressionCfg(Section):
@@ -189,6 +202,8 @@ class Config(Section):
     server: ServerCfg
     lite: LiteCfg
     bundle: BundleCfg
+    verify: VerifyCfg
+    serve: ServeCfg
     regression: RegressionCfg
 
     @property
@@ -221,9 +236,12 @@ def _read_yaml(path: Path) -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"config file is not valid YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"config file is not valid YAML at {where}: {getattr(exc, 'problem', exc)}",
+                          hint="check brackets, quotes and indentation on that line (configs/defaults.yaml "
+                               "shows the layout)") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}",
+                          hint="write 'section:' lines with indented 'key: value' lines, as in configs/defaults.yaml")
     return data
 
 
@@ -249,17 +267,84 @@ def _is_free_mapping(prefix: str) -> bool:
     return prefix in ("model.args.",)
 
 
+def split_overrides(text: str) -> list[str]:
+    """`make O="..."` as one string → key=value items, the way a user reads it.
+
+    Shell-like: whitespace separates items, '...' and "..." quote (and are removed), backslash escapes.
+    Unlike a shell, whitespace inside {...} or [...] does not split, and a value that starts with a
+    bracket is kept verbatim (its quotes belong to YAML): `model.args={a: 1, b: "x y"}` is one item."""
+    items, cur, quote, depth, has_item = [], [], None, 0, False
+    it = iter(text)
+    for ch in it:
+        if quote:
+            if ch == quote:
+                quote = None
+                if depth:
+                    cur.append(ch)
+            else:
+                cur.append(ch)
+            continue
+        if ch == "\\" and not depth:
+            cur.append(next(it, ""))
+            has_item = True
+        elif ch in "'\"":
+            quote, has_item = ch, True
+            if depth:
+                cur.append(ch)
+        elif ch in "{[":
+            depth += 1
+            cur.append(ch)
+        elif ch in "}]":
+            depth = max(depth - 1, 0)
+            cur.append(ch)
+        elif ch.isspace() and not depth:
+            if cur or has_item:
+                items.append("".join(cur))
+            cur, has_item = [], False
+        else:
+            cur.append(ch)
+    if quote:
+        raise ConfigError(f"unbalanced {quote} quote in overrides: {text!r}",
+                          hint="close the quote, e.g. O='data.path=\"/data/my set\"'")
+    if depth:
+        raise ConfigError(f"unbalanced bracket in overrides: {text!r}", hint="e.g. O='model.args={a: 1, b: 2}'")
+    if cur or has_item:
+        items.append("".join(cur))
+    return items
+
+
+def _colon_without_space(value, where: str) -> None:
+    """YAML reads {scale:0.5} as a key 'scale:0.5' with no value: almost always a typo for {scale: 0.5}."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if v is None and isinstance(k, str) and ":" in k:
+                a, b = k.split(":", 1)
+                raise ConfigError(f"{where}: '{k}' reads as a key with no value (YAML needs a space after ':')",
+                                  hint=f"write {{{a}: {b}}}")
+            _colon_without_space(v, where)
+    elif isinstance(value, list):
+        for v in value:
+            _colon_without_space(v, where)
+
+
 def parse_override(item: str) -> dict:
     if "=" not in item:
         raise ConfigError(f"override '{item}' is not key=value", hint="e.g. -o train.epochs=3")
     key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override '{item}' has an empty key", hint="e.g. -o train.epochs=3")
     try:
         value = yaml.safe_load(raw) if raw != "" else None
     except yaml.YAMLError:
+        if raw.lstrip().startswith(("{", "[")):
+            raise ConfigError(f"override '{item}': the value is not valid YAML",
+                              hint="mappings look like {a: 1, b: 2} and lists like [1, 2]") from None
         value = raw
+    _colon_without_space(value, f"override '{item}'")
     node: dict = {}
     cur = node
-    parts = key.strip().split(".")
+    parts = key.split(".")
     for part in parts[:-1]:
         cur[part] = {}
         cur = cur[part]

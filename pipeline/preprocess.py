@@ -6,6 +6,7 @@ spec = {"height": H, "width": W, "channels": 1|3, "mean": m, "std": s, "resize":
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 from PIL import Image
@@ -44,10 +45,26 @@ def fit_image(img: Image.Image, spec: dict) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
-def decode_image_bytes(data: bytes, spec: dict) -> np.ndarray:
-    """PNG/JPEG bytes → uint8 [H, W]; raises DataError on anything PIL cannot read."""
+class ImageTooLarge(DataError):
+    """An image whose header announces more pixels than allowed (refused before decoding)."""
+
+
+def decode_image_bytes(data: bytes, spec: dict, max_pixels: int | None = None) -> np.ndarray:
+    """PNG/JPEG bytes → uint8 [H, W]; raises DataError on anything PIL cannot read.
+
+    max_pixels: refuse (ImageTooLarge) from the header alone — Image.open reads only the header, so a
+    tiny PNG announcing 10000x10000 is never inflated to ~100 MB."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():       # PIL warns on big headers; with a limit we decide ourselves
+            if max_pixels is not None:
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+        with img:
+            if max_pixels is not None and img.width * img.height > max_pixels:
+                raise ImageTooLarge(f"image is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
+                                    f"the limit is {max_pixels:,} (serve.max_pixels)",
+                                    hint="downscale it before sending; the model needs only "
+                                         f"{spec['width']}x{spec['height']}")
             img.load()
             return fit_image(img, spec)
     except (OSError, ValueError, Image.DecompressionBombError) as exc:

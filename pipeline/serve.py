@@ -10,11 +10,11 @@ pipeline.preprocess path as training, so served predictions cannot drift from th
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
 import socket
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +24,14 @@ from pathlib import Path
 import numpy as np
 from fastapi import Request   # module level: FastAPI resolves the (string) annotations from globals
 
-from .errors import DataError, PipelineError
+from . import tempdirs
+from .errors import ConfigError, DataError, PipelineError
 
 log = logging.getLogger("pipeline.serve")
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024      # defaults of the serve.* config keys
+MAX_PIXELS = 4096 * 4096
+MAX_CONCURRENCY = 8
 MAX_BATCH = 64
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg")
 
@@ -63,24 +66,33 @@ class _LatencyLog:
                      (time.perf_counter() - t0) * 1e3)
 
 
-def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES):
-    """App for a bundle folder or .tar.gz; every hash is checked before Paddle parses any file."""
+def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, key: str | Path | None = None,
+               archive_limits: tuple[int, int] | None = None, **limits):
+    """App for a bundle folder or .tar.gz; the signature (with a key) and every hash are checked before
+    Paddle parses any file. limits: max_pixels, max_concurrency (see create_app_from_model)."""
     from .bundle import load_infer_config, open_bundle, verify_hashes
+    from .verify import check_signature
 
-    scratch = tempfile.TemporaryDirectory(prefix="serve-bundle-")
-    folder = open_bundle(Path(bundle), Path(scratch.name))
+    scratch = tempdirs.directory("serve-bundle")
+    folder = open_bundle(Path(bundle), Path(scratch.name), *(archive_limits or ()))
+    signature = check_signature(folder, key)
     manifest = verify_hashes(folder)
     cfg = load_infer_config(folder)
     app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
                                 max_body=max_body, name=manifest.get("name") or folder.name,
-                                versions=manifest.get("versions"))
+                                versions=manifest.get("versions"), **limits)
     app.state.scratch = scratch          # an extracted archive lives as long as the app
+    app.state.signature = signature
     return app
 
 
 def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
-                          name: str | None = None, versions: dict | None = None, log_requests: bool = True):
-    """App for an exported model + the infer_config structure (used by the server stage before a bundle exists)."""
+                          name: str | None = None, versions: dict | None = None, log_requests: bool = True,
+                          max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY):
+    """App for an exported model + the infer_config structure (used by the server stage before a bundle exists).
+
+    max_pixels: images above it get 413 from their header, before decoding; max_concurrency: requests in
+    progress at once (bodies + decoded images held in memory), more get 429."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
@@ -108,21 +120,31 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
 
     @app.exception_handler(_BadRequest)
     async def _bad(_request, exc: _BadRequest):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": task.name, "input": infer_cfg["input"],
                 "versions": versions or env.versions()}
 
+    inflight = [0]          # requests past admission; one event loop thread: no lock needed
+
     @app.post("/predict")
     async def predict(request: Request):
-        x = await _read_input(request, infer_cfg, want, max_body)
-        t0 = time.perf_counter()
+        if inflight[0] >= max_concurrency:
+            raise _BadRequest(429, f"{inflight[0]} requests already in progress, the limit is {max_concurrency} "
+                                   "(serve.max_concurrency); retry shortly")
+        inflight[0] += 1
         try:
-            out = await asyncio.get_running_loop().run_in_executor(pool, engine.run, x)
-        except DataError as exc:             # shape/dtype the engine refused
-            raise _BadRequest(400, exc.one_line()) from None
+            x = await _read_input(request, infer_cfg, want, max_body, max_pixels)
+            t0 = time.perf_counter()
+            try:
+                out = await asyncio.get_running_loop().run_in_executor(pool, engine.run, x)
+            except DataError as exc:             # shape/dtype the engine refused
+                raise _BadRequest(400, exc.one_line()) from None
+        finally:
+            inflight[0] -= 1
         body = {"model": name, "task": task.name, "predictions": task.decode(out, infer_cfg["postprocess"]),
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
         if request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
@@ -146,10 +168,10 @@ async def _read_body(request, max_body: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int) -> np.ndarray:
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     from starlette.requests import Request
 
-    from .preprocess import decode_image_bytes, to_tensor
+    from .preprocess import ImageTooLarge, decode_image_bytes, to_tensor
 
     body = await _read_body(request, max_body)
     if not body:
@@ -174,7 +196,9 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int) -> np
         raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg, "
                                "multipart/form-data or application/json")
     try:
-        img = decode_image_bytes(body, infer_cfg["preprocess"])
+        img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
+    except ImageTooLarge as exc:
+        raise _BadRequest(413, exc.one_line()) from None
     except DataError as exc:
         raise _BadRequest(400, exc.one_line()) from None
     return to_tensor(img[None], infer_cfg["preprocess"])
@@ -252,14 +276,51 @@ class BackgroundServer:
         self.sock.close()
 
 
-def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads: int = 0) -> None:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a one-line ConfigError: checked before anything says "serving"."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port} is out of range", hint="use a port from 1 to 65535, e.g. --port 8000")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          proto=socket.IPPROTO_TCP)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"--host {host!r} is not an address of this machine ({exc})",
+                          hint="use 127.0.0.1 (local only) or this machine's address") from None
+    sock = socket.socket(family, kind, proto)   # IPPROTO_TCP: see free_port
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use", hint=f"stop the other server or pick "
+                              f"another port, e.g. --port {port + 1 if port < 65535 else 8000}") from None
+        if exc.errno == errno.EACCES:
+            raise ConfigError(f"not allowed to listen on port {port} ({exc.strerror})",
+                              hint="ports below 1024 need privileges; use e.g. --port 8000") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          hint="check --host and --port") from None
+    return sock
+
+
+def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads: int = 0,
+          sock: socket.socket | None = None, **app_kw) -> None:
+    """Serve until interrupted; sock: an already bound listening socket (else host:port is bound here)."""
     import uvicorn
 
-    app = create_app(bundle, threads=threads)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
-    log.info("serving %s on http://%s:%d (POST /predict, GET /health)", bundle, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    sock = sock or bind(host, port)    # a busy port fails here, before the model loads or "serving" prints
+    host, port = sock.getsockname()[:2]
+    try:
+        app = create_app(bundle, threads=threads, **app_kw)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
+        log.info("bundle %s", app.state.signature)
+        log.info("serving %s on http://%s:%d (POST /predict, GET /health)", bundle, host, port)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def _png(img: np.ndarray) -> bytes:

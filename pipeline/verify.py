@@ -4,14 +4,15 @@ Parameter files are parsed by Paddle, so nothing is loaded before every hash mat
 """
 from __future__ import annotations
 
-import tempfile
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from .bundle import load_infer_config, open_bundle, verify_hashes
-from .errors import IntegrityError
+from . import tempdirs
+from .bundle import MAX_ARCHIVE_BYTES, MAX_MEMBERS, inside_bundle, load_infer_config, open_bundle, verify_hashes
+from .errors import DataError, IntegrityError
 from .gates import Check, parity_checks
 from .preprocess import decode_image_bytes, to_tensor
 
@@ -19,11 +20,17 @@ SAMPLE_ATOL = 1e-4
 
 
 def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(folder / "samples" / "expected.npz") as z:
-        files, expected = list(z["files"]), z["outputs"]
-    # the same decode → fit → normalise path `serve` uses for uploaded images
-    images = np.stack([decode_image_bytes((folder / f).read_bytes(), cfg["preprocess"]) for f in files])
-    return to_tensor(images, cfg["preprocess"]), expected
+    try:
+        with np.load(folder / "samples" / "expected.npz", allow_pickle=False) as z:
+            files, expected = [str(f) for f in z["files"]], z["outputs"]
+        for f in files:                     # the sample list is data too: it must not point outside
+            inside_bundle(folder, f, "samples/expected.npz")
+        # the same decode → fit → normalise path `serve` uses for uploaded images
+        images = np.stack([decode_image_bytes((folder / f).read_bytes(), cfg["preprocess"]) for f in files])
+        return to_tensor(images, cfg["preprocess"]), expected
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, DataError) as exc:
+        msg = exc.one_line() if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+        raise IntegrityError(f"bundle samples are unreadable ({msg})", hint="rebuild the bundle with `make deploy`") from None
 
 
 def _checks(engine: str, out: np.ndarray, expected: np.ndarray) -> list[dict]:
@@ -31,6 +38,18 @@ def _checks(engine: str, out: np.ndarray, expected: np.ndarray) -> list[dict]:
     limit-less max_rel_diff is left out of a pass/fail report."""
     return [{**asdict(c), "name": f"{engine} {c.name} on samples"}
             for c in parity_checks(out, expected, SAMPLE_ATOL) if c.limit is not None]
+
+
+def check_signature(folder: Path, key: str | Path | None) -> str:
+    """With a key: the signature must hold (raises otherwise). Without: say plainly what was not checked."""
+    from . import signing
+
+    if key:
+        signing.verify(folder, key)
+        return f"signature verified with {Path(key).name} ({signing.FORMAT})"
+    if signing.is_signed(folder):
+        return "signed, but the signature was NOT checked (no key: pass --key PUBLIC.pem or set verify.trust_key)"
+    return "unsigned: authenticity NOT checked (sign with `python -m pipeline sign BUNDLE --key PRIVATE.pem`)"
 
 
 def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
@@ -52,9 +71,11 @@ def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
     return found
 
 
-def verify_bundle(path: Path, timeout: float = 120, threads: int = 0) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bundle-verify-") as scratch:
-        folder = open_bundle(Path(path), Path(scratch))
+def verify_bundle(path: Path, timeout: float = 120, threads: int = 0, key: str | Path | None = None,
+                  max_bytes: int = MAX_ARCHIVE_BYTES, max_members: int = MAX_MEMBERS) -> dict:
+    with tempdirs.directory("bundle-verify") as scratch:
+        folder = open_bundle(Path(path), Path(scratch), max_bytes, max_members)
+        signature = check_signature(folder, key)     # before the manifest or any model file is read
         manifest = verify_hashes(folder)
         cfg = load_infer_config(folder)
         x, expected = _samples(folder, cfg)
@@ -63,11 +84,11 @@ def verify_bundle(path: Path, timeout: float = 120, threads: int = 0) -> dict:
             checks += _checks(name, make().run(x), expected)
         failed = [c for c in checks if not c["passed"]]
         return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
-                "ok": not failed}
+                "ok": not failed, "signature": signature}
 
 
-def verify_or_raise(path: Path, timeout: float = 120) -> dict:
-    report = verify_bundle(path, timeout)
+def verify_or_raise(path: Path, timeout: float = 120, **kw) -> dict:
+    report = verify_bundle(path, timeout, **kw)
     bad = [c for c in report["checks"] if not c["passed"]]
     if bad:
         c = bad[0]

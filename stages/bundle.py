@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from pipeline import env
+from pipeline import env, signing
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, replace_dir, write_json
 from pipeline.bundle import FORMAT_VERSION, write_archive
 from pipeline.config import ROOT
@@ -70,7 +70,8 @@ def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: 
                      f"{g['status']}{(': ' + g['reason']) if g['status'] in ('SKIPPED', 'UNVERIFIED') else ''} |")
     lines += ["", "## Files", ""] + [f"- `{k}` ({v['bytes']:,} bytes)" for k, v in files.items()]
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
-    lines += ["", "Verify before use: `python -m pipeline verify <this folder or .tar.gz>`.",
+    lines += ["", "Verify before use: `python -m pipeline verify <this folder or .tar.gz> [--key PUBLIC.pem]` "
+              "(with the publisher's public key when the bundle carries `model.sig`).",
               "Files whose row is UNVERIFIED were converted, not executed here (e.g. ARM `.nb` on an x86 host); "
               "their accuracy is vouched for by the executed row their line names.", ""]
     return "\n".join(lines)
@@ -84,6 +85,10 @@ def run(ctx: StageContext) -> StageResult:
     name = f"{cfg.run.name}-{version}"
     root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
     published = root / name
+    sign_key = Path(cfg.bundle.sign_key) if cfg.bundle.sign_key else None
+    if sign_key is not None and not sign_key.is_file():       # before anything is copied
+        raise ConfigError(f"bundle.sign_key {sign_key} not found",
+                          hint="pass an EC private key (PEM), or bundle.sign_key=null for an unsigned bundle")
     if published.exists():
         raise ConfigError(f"bundle {published} already exists; bundles are never overwritten",
                           hint="set bundle.version to a new value (or leave it null for a timestamp)")
@@ -118,10 +123,17 @@ def run(ctx: StageContext) -> StageResult:
         "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
         "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
     }
+    if sign_key is not None:
+        manifest["signature"] = {"format": signing.FORMAT, "file": signing.SIGNATURE}
     write_json(b / "manifest.json", manifest)
+    public_key = None
+    if sign_key is not None:                              # signs every file, manifest.json included
+        signing.sign(b, sign_key)
+        public_key = ctx.work_dir / "sign_key.pub.pem"    # the stage checks its own signature like a user would
+        atomic_write_bytes(public_key, signing.public_key_pem(sign_key))
 
-    from pipeline.verify import verify_bundle            # hashes first, then real runs on the samples
-    report = verify_bundle(b, timeout=cfg.lite.timeout)
+    from pipeline.verify import verify_bundle            # signature, hashes, then real runs on the samples
+    report = verify_bundle(b, timeout=cfg.lite.timeout, key=public_key)
     gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
                 checks=[Check(**c) for c in report["checks"]])
     gate.status = OK if all(c.passed for c in gate.checks) else "FAIL"
@@ -132,7 +144,8 @@ def run(ctx: StageContext) -> StageResult:
     if gate.status == OK:
         publish(ctx.out_dir, name, root, cfg.bundle.archive)
     return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
-                       metrics={"files": len(files), "bytes": sum(f["bytes"] for f in files.values())},
+                       metrics={"files": len(files), "bytes": sum(f["bytes"] for f in files.values()),
+                                "signed": sign_key is not None},
                        info={"bundle": str(published), "archive": str(published) + ".tar.gz" if cfg.bundle.archive
                              else None, "name": name})
 

@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 
-from pipeline import amp, env
+from pipeline import amp, checkpoint, env
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.errors import ConfigError, DataError, NonFiniteError
 from pipeline.gates import FAIL, OK, Check, Gate
@@ -57,15 +57,41 @@ def check_data(cfg, ds) -> None:
                           f"({n} samples)", hint=f"set train.batch_size <= {n}")
 
 
-def output_classes(model, x: np.ndarray) -> int | None:
-    """Size of the model's last output dimension, from one forward pass on one sample."""
+def _first_line(exc: BaseException) -> str:
+    text = next((l.strip() for l in str(exc).splitlines() if l.strip()), "")
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def output_classes(model, x: np.ndarray, task=None, name: str = "model") -> int | None:
+    """Size of the model's last output dimension, from one forward pass on one sample.
+
+    With a task, this is also the model's entrance check: a model without parameters, one that
+    fails on the configured input, or one whose output rank does not fit the task is refused here,
+    in one line naming model.name, instead of deep inside the optimizer or the loss."""
     import paddle
 
+    if task is not None and not model.parameters():
+        raise ConfigError(f"model.name '{name}' has no trainable parameters: there is nothing to train",
+                          hint="choose a model with weights (e.g. small_cnn or paddle.vision.models:...)")
     model.eval()
-    with paddle.no_grad():
-        out = model(paddle.to_tensor(x[:1]))
-    model.train()
-    return int(out.shape[-1]) if hasattr(out, "shape") else None
+    try:
+        with paddle.no_grad():
+            out = model(paddle.to_tensor(x[:1]))
+    except Exception as exc:               # the user's forward() on our input: any error is a config problem
+        raise ConfigError(f"model.name '{name}' fails on one input of shape {list(x[:1].shape)}: {_first_line(exc)}",
+                          hint="check model.args and data.channels / data.height / data.width") from None
+    finally:
+        model.train()
+    if not hasattr(out, "shape"):
+        raise ConfigError(f"model.name '{name}' returns {type(out).__name__}, not one tensor",
+                          hint="the model's forward() must return the logits tensor")
+    layout = getattr(task, "output_layout", None)
+    rank = layout.count(",") + 1 if layout else None
+    if rank is not None and len(out.shape) != rank:
+        raise ConfigError(f"model.name '{name}' outputs shape {list(out.shape)} (rank {len(out.shape)}); "
+                          f"the {task.name} task needs rank {rank}: {layout}",
+                          hint=f"end the model with layers that produce {layout} (e.g. Flatten + Linear)")
+    return int(out.shape[-1])
 
 
 def check_labels(classes: int | None, labels: np.ndarray, where: str) -> None:
@@ -122,7 +148,7 @@ def run(ctx: StageContext) -> StageResult:
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
     model = task.build_model(cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
-    classes = output_classes(model, first)
+    classes = output_classes(model, first, task, cfg.model.name)
     check_labels(classes, ds.train.labels, "training set")
     check_labels(classes, ds.val.labels, "validation set")
     plan = amp.plan(cfg.train.amp, device, env.capabilities())
@@ -148,7 +174,7 @@ def run(ctx: StageContext) -> StageResult:
     buf = io.BytesIO()
     np.savez(buf, inputs=to_tensor(ds.train.images[:n_cal], spec))
     atomic_write_bytes(ctx.out_dir / "calib.npz", buf.getvalue())
-    paddle.save(best_state, str(ctx.out_dir / "model.pdparams"))
+    atomic_write_bytes(ctx.out_dir / "model.pdparams", checkpoint.stable_state_bytes(best_state))
     info = {"task": cfg.task, "model": cfg.section("model")["model"], "labels_info": ds.info,
             "preprocess": spec, "postprocess": task.postprocess_spec(ds.info),
             "primary_metric": task.primary_metric, "input_shape": [-1, spec.get("channels", 1), spec["height"], spec["width"]]}

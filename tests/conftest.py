@@ -6,3 +6,34 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
+
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+SMOKE_OVERRIDES = ("-c", "configs/smoke.yaml", "-o", "run.name=smoke", "-o", "train.min_metric=0.05")
+
+
+def smoke_args(base: Path) -> list[str]:
+    """The smoke chain's CLI arguments: same config → same fingerprints → every stage cached."""
+    return [*SMOKE_OVERRIDES, "-o", f"run.root={base}/runs", "-o", f"bundle.root={base}/bundles"]
+
+
+@pytest.fixture(scope="session")
+def smoke_chain(tmp_path_factory) -> Path:
+    """The whole smoke chain, run once per session (train.min_metric lowered: these tests check packaging,
+    not how well 3 epochs train); returns the run folder. Its bundle: smoke_bundle."""
+    base = tmp_path_factory.getbasetemp() / "smoke-chain"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", *smoke_args(base)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return base / "runs" / "smoke"
+
+
+@pytest.fixture(scope="session")
+def smoke_bundle(smoke_chain) -> tuple[Path, Path]:
+    """(bundle folder, .tar.gz) of the smoke chain."""
+    info = json.loads((smoke_chain / "bundle" / "manifest.json").read_text())["info"]
+    return Path(info["bundle"]), Path(info["archive"])

@@ -1,7 +1,7 @@
 """Bundles check themselves: hashes before loading, safe extraction, sample outputs reproduced.
 
-Unsafe-archive tests craft tars with tarfile (fast, no chain). The rest share one smoke-chain
-bundle (module fixture; the runner's stage cache makes a second module's chain take seconds).
+Unsafe-archive tests craft tars with tarfile (fast, no chain). The rest share the session's
+smoke-chain bundle (tests/conftest.py).
 """
 import io
 import json
@@ -20,21 +20,9 @@ from pipeline.errors import IntegrityError, MissingArtifact
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def smoke_chain(tmp_path_factory) -> Path:
-    """Run (or reuse) the smoke chain in the session's shared temp root; returns the run folder.
-    train.min_metric is lowered: these tests check packaging, not how well 3 epochs train."""
-    base = tmp_path_factory.getbasetemp() / "smoke-chain"
-    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", "-c", "configs/smoke.yaml",
-                          "-o", f"run.root={base}/runs", "-o", f"bundle.root={base}/bundles", "-o", "run.name=smoke",
-                          "-o", "train.min_metric=0.05"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return base / "runs" / "smoke"
-
-
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    info = json.loads((smoke_chain(tmp_path_factory) / "bundle" / "manifest.json").read_text())["info"]
-    return Path(info["bundle"]), Path(info["archive"])
+def bundle(smoke_bundle):
+    return smoke_bundle
 
 
 @pytest.fixture

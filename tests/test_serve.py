@@ -184,20 +184,3 @@ def test_create_app_refuses_a_tampered_bundle(smoke_bundle, tmp_path):
     with pytest.raises(IntegrityError, match="inference.pdiparams"):
         create_app(copy)
 
-
-@pytest.fixture(scope="module")
-def smoke_bundle(tmp_path_factory):
-    """The smoke chain in the session's shared temp root, with the same overrides as tests/test_bundle.py:
-    the first module to ask trains, the others hit the runner's stage cache and take seconds."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    base = tmp_path_factory.getbasetemp() / "smoke-chain"
-    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", "-c", "configs/smoke.yaml",
-                          "-o", f"run.root={base}/runs", "-o", f"bundle.root={base}/bundles", "-o", "run.name=smoke",
-                          "-o", "train.min_metric=0.05"], cwd=Path(__file__).resolve().parent.parent,
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    info = json.loads((base / "runs" / "smoke" / "bundle" / "manifest.json").read_text())["info"]
-    return Path(info["bundle"]), Path(info["archive"])

@@ -61,6 +61,7 @@ def test_same_seed_is_bit_identical_across_processes(baseline, tmp_path):
     res = cli("run", "train", root=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert_identical(params(baseline), params(tmp_path / "r"))
+    assert (baseline / "train" / "model.pdparams").read_bytes() == (tmp_path / "r" / "train" / "model.pdparams").read_bytes()
 
 
 def _expected_train_precision() -> str:
@@ -145,6 +146,8 @@ def test_kill_9_then_resume_equals_uninterrupted(baseline, tmp_path):
     man = load_manifest(tmp_path / "r" / "train")
     assert man["info"]["resumed_after_epoch"] in (1, 2)
     assert_identical(params(baseline), params(tmp_path / "r"))
+    # the file itself, not only the weights: downstream fingerprints hash it
+    assert (baseline / "train" / "model.pdparams").read_bytes() == (tmp_path / "r" / "train" / "model.pdparams").read_bytes()
 
 
 def test_checkpoint_is_atomic_as_a_whole(tmp_path, monkeypatch):

@@ -20,18 +20,19 @@ from .imagefolder import check_on_bad, read_image
 
 
 def _read_text(path: Path, what: str) -> str:
+    key = "data.charset" if what.startswith("charset") else "data.path / data.val_path"
     try:
         # utf-8-sig: a BOM written by Windows editors must not become part of the first path
         return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise DataError(f"{what} {path} does not exist") from None
+        raise DataError(f"{what} {path} does not exist", hint=f"check {key}") from None
     except IsADirectoryError:
-        raise DataError(f"{what} {path} is a folder, expected a text file") from None
+        raise DataError(f"{what} {path} is a folder, expected a text file", hint=f"check {key}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                         hint="re-save it as UTF-8") from None
     except OSError as exc:
-        raise DataError(f"{what} {path} cannot be read: {exc}") from None
+        raise DataError(f"{what} {path} cannot be read: {exc}", hint=f"check {key} and its permissions") from None
 
 
 def load_charset(path: str | os.PathLike) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import tempdirs
 from pipeline.engines.base import Engine, validate_input
 from pipeline.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
 
@@ -159,7 +160,7 @@ _PROBE: list[tuple[Path, Path]] = []
 def _probe_model() -> tuple[Path, Path]:
     # Built once per process (paddle import + jit.save in a child costs ~4 s), removed at exit.
     if not _PROBE:
-        tmp = tempfile.mkdtemp(prefix="lite-fp16-probe-")
+        tmp = tempdirs.make("lite-fp16-probe")
         atexit.register(shutil.rmtree, tmp, True)
         res = _child(["make-probe", tmp], what="make-probe", target="host", timeout=180,
                      hint="the probe model is built with paddle.jit.save")
@@ -175,7 +176,7 @@ def fp16_status(target: str = "arm") -> tuple[bool, str]:
         raise ConfigError(f"unknown Lite target {target!r}; expected one of {TARGETS}")
     if target in _FP16_CACHE:
         return _FP16_CACHE[target]
-    with tempfile.TemporaryDirectory(prefix="lite-fp16-") as tmp:
+    with tempdirs.directory("lite-fp16") as tmp:
         try:
             model, params = _probe_model()
             nb32 = _opt(model, params, target, Path(tmp) / "fp32", timeout=120)
@@ -285,7 +286,7 @@ def run(nb_path: str | os.PathLike, x: np.ndarray, *, expected_shape: list[int],
     nb = Path(nb_path)
     if not nb.is_file() or nb.stat().st_size == 0:
         raise MissingArtifact(f"Lite model missing or empty: {nb}")
-    with tempfile.TemporaryDirectory(prefix="lite-run-") as tmp:
+    with tempdirs.directory("lite-run") as tmp:
         x_in, y_out = Path(tmp) / "x.npy", Path(tmp) / "y.npy"
         np.save(x_in, np.ascontiguousarray(x), allow_pickle=False)
         _child(["run", str(nb), str(x_in), str(y_out)], what=f"run {nb.name}", target=_nb_target(nb),

@@ -14,11 +14,13 @@ def import_callable(spec: str):
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"model.name '{spec}': cannot import module '{module_name}' ({exc})") from None
+    except Exception as exc:            # ImportError, or any error the module raises while importing
+        raise ConfigError(f"model.name '{spec}': cannot import module '{module_name}' ({type(exc).__name__}: {exc})",
+                          hint="check the module path and that its package is installed in .venv") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"model.name '{spec}': '{attr}' is not a callable in {module_name}")
+        raise ConfigError(f"model.name '{spec}': '{attr}' is not a callable in {module_name}",
+                          hint="name a class or function returning a paddle.nn.Layer")
     return fn
 
 
@@ -35,8 +37,10 @@ def build_user_model(spec: str, args: dict, defaults: dict):
     kwargs = {k: v for k, v in defaults.items() if (k in params or accepts_kwargs) and k not in args}
     try:
         layer = fn(**kwargs, **args)
-    except TypeError as exc:
-        raise ConfigError(f"model.args do not fit {spec}: {exc}", hint="check model.args in your config") from None
+    except Exception as exc:            # the user's builder: TypeError for wrong args, anything else from its code
+        raise ConfigError(f"model.args do not fit {spec}: {type(exc).__name__}: {exc}",
+                          hint="check model.args in your config") from None
     if not isinstance(layer, paddle.nn.Layer):
-        raise ConfigError(f"{spec} returned {type(layer).__name__}, not a paddle.nn.Layer")
+        raise ConfigError(f"model.name '{spec}' returned {type(layer).__name__}, not a paddle.nn.Layer",
+                          hint="model.name must name a builder of a paddle.nn.Layer")
     return layer

@@ -11,13 +11,15 @@ from .base import Datasets, Split
 class ClassificationTask:
     name = "classification"
     primary_metric = "accuracy"
+    output_layout = "[N, classes]"      # rank checked with one forward pass before training
 
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         h, w = data_cfg["height"], data_cfg["width"]
         info = {"source": data_cfg["source"], "channels": data_cfg["channels"]}
         if data_cfg["source"] == "synthetic":
             if h != w:
-                raise ConfigError("synthetic characters are square: data.height must equal data.width")
+                raise ConfigError(f"synthetic characters are square: data.height ({h}) must equal data.width ({w})",
+                                  hint=f"set data.width={h}, or use data.source=folder for other shapes")
             tr = chars.load_or_render(data_cfg["num_train"], seed, h, data_cfg["fonts"], data_cfg["cache_dir"])
             va = chars.load_or_render(data_cfg["num_val"], seed + 1, h, data_cfg["fonts"], data_cfg["cache_dir"])
             return Datasets(Split(*tr), Split(*va), {**info, "labels": chars.CLASSES})
@@ -40,7 +42,11 @@ class ClassificationTask:
         n = len(info["labels"])
         if model_cfg["name"] == "small_cnn":
             from ..models.small_cnn import SmallCNN
-            return SmallCNN(n, **{"in_channels": info.get("channels", 1), **model_cfg["args"]})
+            try:
+                return SmallCNN(n, **{"in_channels": info.get("channels", 1), **model_cfg["args"]})
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"bad model.args for small_cnn: {exc}",
+                                  hint="valid: in_channels, width, height, channels, hidden, dropout") from None
         from ..models.registry import build_user_model
         return build_user_model(model_cfg["name"], model_cfg["args"], {"num_classes": n})
 

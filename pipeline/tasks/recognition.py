@@ -58,6 +58,7 @@ def _split_fraction(images: np.ndarray, labels: list[str], fraction: float,
 class RecognitionTask:
     name = "recognition"
     primary_metric = "seq_accuracy"
+    output_layout = "[N, T, classes]"   # rank checked with one forward pass before training
 
     # ------------------------------------------------------------------ data
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:

@@ -1,0 +1,631 @@
+"""The bad-input corpus as data: every case is an input a careless user or an attacker could give.
+
+tests/test_bad_inputs.py runs them; scripts/bad_inputs_table.py renders docs/bad_inputs.md from them.
+Each case names what it feeds (`what`), the words its one-line answer must contain (`expect`), and builds
+its input from an Env (the session's smoke run and bundle, keys, a per-case temp folder).
+
+Kinds: CliCase runs `python -m pipeline ...` in-process (cli.main: no new paddle import per case);
+HttpCase sends one request to `serve`; ProcCase is a real subprocess (make, and the CLI entry itself).
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import sys
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Env:
+    base: Path             # the smoke chain's root: runs/smoke, bundles/
+    bundle: Path           # its bundle folder (unsigned)
+    archive: Path          # its .tar.gz
+    signed: Path           # a signed copy of the bundle
+    priv: Path             # EC P-256 private key that signed it (generated at test time)
+    pub: Path
+    other_pub: Path        # a key that did not sign it
+    tmp: Path = None       # per case, empty
+
+    def smoke(self, *over: str, root: Path | None = None) -> list[str]:
+        """The smoke chain's config (its stages stay cached), plus overrides."""
+        args = ["-c", "configs/smoke.yaml", "-o", f"run.root={root or self.base / 'runs'}", "-o", "run.name=smoke",
+                "-o", "train.min_metric=0.05", "-o", f"bundle.root={self.base / 'bundles'}",
+                "-o", f"regression.history={self.tmp / 'history.sqlite'}"]      # never the repo's runs/
+        return args + [x for o in over for x in ("-o", o)]
+
+    def write(self, rel: str, data: bytes | str) -> Path:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data.encode() if isinstance(data, str) else data)
+        return p
+
+
+@dataclass
+class CliCase:
+    id: str
+    category: str
+    what: str
+    argv: Callable[[Env], list[str]]
+    expect: tuple[str, ...]
+    hint: bool = True                   # the line must also say how to fix it ("hint: ...")
+    absent: tuple[str, ...] = ()        # words that must not appear anywhere in the output
+    kind: str = "cli"
+
+
+@dataclass
+class HttpCase:
+    id: str
+    what: str
+    request: Callable[[Env], dict]      # {"method", "url", + httpx/TestClient kwargs}
+    status: int
+    expect: tuple[str, ...]
+    category: str = "serve: HTTP"
+    kind: str = "http"
+
+
+@dataclass
+class ProcCase:
+    id: str
+    category: str
+    what: str
+    cmd: Callable[[Env], list[str]]
+    expect: tuple[str, ...]
+    hint: bool = True
+    kind: str = "subprocess"
+    env: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ builders
+
+def copy_bundle(e: Env, src: Path | None = None) -> Path:
+    dst = e.tmp / (src or e.bundle).name
+    shutil.copytree(src or e.bundle, dst, symlinks=True)
+    return dst
+
+
+def rehash(folder: Path, *rels: str, drop: tuple[str, ...] = ()) -> None:
+    """Rewrite manifest.json so its hashes match the (tampered) files: what an attacker would do."""
+    man = json.loads((folder / "manifest.json").read_text())
+    for rel in rels:
+        data = (folder / rel).read_bytes()
+        man["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    for rel in drop:
+        man["files"].pop(rel, None)
+    (folder / "manifest.json").write_text(json.dumps(man))
+
+
+def tamper(folder: Path, rel: str, data: bytes | None = None) -> Path:
+    p = folder / rel
+    if data is None:
+        raw = bytearray(p.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data = bytes(raw)
+    p.write_bytes(data)
+    return folder
+
+
+def tampered_rehashed(e: Env, rel: str, data: bytes | None = None, src: Path | None = None) -> Path:
+    b = copy_bundle(e, src)
+    tamper(b, rel, data)
+    rehash(b, rel)
+    return b
+
+
+def manifest_lists(e: Env, rel: str, data: bytes) -> Path:
+    """A bundle whose manifest lists `rel` (outside the bundle) with the right hash of `data`."""
+    b = copy_bundle(e)
+    man = json.loads((b / "manifest.json").read_text())
+    man["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (b / "manifest.json").write_text(json.dumps(man))
+    return b
+
+
+def tar(e: Env, members: list[tuple[tarfile.TarInfo, bytes | None]], name="evil.tar.gz") -> Path:
+    path = e.tmp / name
+    with tarfile.open(path, "w:gz") as tf:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def member(name: str, data: bytes | None = b"x", kind=tarfile.REGTYPE, link: str = ""):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info, data
+
+
+def giant_member_archive(e: Env) -> Path:
+    """A .tar.gz whose first header announces a 1 GiB member (its data is not even there): refused from the
+    header; the old code would have decompressed and written it all before looking."""
+    info = tarfile.TarInfo("b/zeros.bin")
+    info.size = 1 << 30
+    path = e.tmp / "bomb.tar.gz"
+    path.write_bytes(gzip.compress(info.tobuf(format=tarfile.GNU_FORMAT) + b"\0" * 4096))
+    return path
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose IHDR announces width x height (a few hundred bytes; the pixels are never there)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def damaged_run(e: Env, rel: str, data: bytes | None = None, delete: bool = False) -> Path:
+    """A copy of the smoke run's stage outputs with runs/smoke/<rel> damaged; returns its run.root."""
+    root = e.tmp / "runs"
+    src = e.base / "runs" / "smoke"
+    for stage in ("train", "export", "server", "lite"):
+        shutil.copytree(src / stage, root / "smoke" / stage)
+    if delete:
+        (root / "smoke" / rel).unlink()
+    else:
+        tamper(root / "smoke", rel, data)
+    return root
+
+
+def image_folder(e: Env, bad: bytes | None = None, classes: str = "ab") -> Path:
+    from PIL import Image
+
+    root = e.tmp / "imgs"
+    for cls in classes:
+        (root / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((8, 8), 60 * i, np.uint8)).save(root / cls / f"{i}.png")
+    if bad is not None:
+        (root / "b" / "broken.png").write_bytes(bad)
+    return root
+
+
+def port_in_use(e: Env) -> list[str]:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    _HELD.append(s)                             # held until the case ends
+    return ["serve", str(e.bundle), "--port", str(s.getsockname()[1])]
+
+
+_HELD: list = []
+
+
+def release_held() -> None:
+    while _HELD:
+        _HELD.pop().close()
+
+
+def key_file(e: Env, text: str) -> Path:
+    return e.write("key.pem", text)
+
+
+# ------------------------------------------------------------------------------------ the corpus
+
+def _cfg(id, what, override, *expect, hint=True):
+    return CliCase(id, "config (-o)", what, lambda e, o=override: ["run", "train", *e.smoke(o)], expect, hint)
+
+
+CONFIG = [
+    _cfg("unknown-key", "misspelled key", "train.epoch=3", "train.epoch", "did you mean"),
+    _cfg("unknown-section", "misspelled section", "trian.epochs=3", "trian"),
+    _cfg("lr-zero", "learning rate 0", "train.lr=0", "train.lr"),
+    _cfg("amp-level", "AMP level that does not exist", "train.amp.level=O3", "train.amp.level"),
+    _cfg("run-name-path", "run name that is a path", "run.name=../evil", "run.name"),
+    _cfg("task", "unknown task", "task=detect", "task"),
+    _cfg("channels", "2 input channels", "data.channels=2", "data.channels"),
+    _cfg("precision", "unknown server precision", "server.precisions=[fp64]", "server.precisions"),
+    _cfg("no-fp32", "server rows without the fp32 reference", "server.precisions=[int8]", "fp32"),
+    _cfg("lite-arm", "unknown Lite precision", "lite.arm=[mips]", "lite.arm"),
+    _cfg("samples-zero", "bundle with 0 samples", "bundle.samples=0", "bundle.samples"),
+    _cfg("metric-drop", "negative regression threshold", "regression.metric_drop=-1", "regression.metric_drop"),
+    _cfg("max-members", "archive member limit 0", "verify.max_members=0", "verify.max_members"),
+    _cfg("max-pixels", "negative pixel limit", "serve.max_pixels=-5", "serve.max_pixels"),
+    _cfg("seed", "negative seed", "seed=-1", "seed"),
+    _cfg("val-fraction", "validation fraction 1.5", "data.val_fraction=1.5", "data.val_fraction"),
+    _cfg("precheck", "unknown AMP pre-check action", "train.amp.precheck.on_fail=ignore", "train.amp.precheck.on_fail"),
+    _cfg("atol-zero", "export tolerance 0", "export.gate.atol=0", "export.gate.atol"),
+    _cfg("threads", "negative thread count", "run.threads=-1", "run.threads"),
+    _cfg("epochs-text", "epochs given as text", "train.epochs=abc", "train.epochs"),
+    _cfg("args-list", "model.args given as a list", "model.args=[1, 2]", "model.args"),
+    _cfg("colon-no-space", "README's old `model.args={scale:0.5}` (no space after ':')",
+         "model.args={scale:0.5}", "{scale: 0.5}"),
+    _cfg("no-equals", "override without '='", "train.epochs", "not key=value"),
+    _cfg("empty-key", "override with an empty key", "=3", "empty key"),
+    _cfg("bad-yaml-value", "mapping value that is not YAML", "model.args={a: [1}", "not valid YAML"),
+    CliCase("config-missing", "config file", "config file that does not exist",
+            lambda e: ["run", "train", "-c", str(e.tmp / "nope.yaml")], ("config file not found",)),
+    CliCase("config-bad-yaml", "config file", "config file that is not YAML",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "train: [1"))], ("not valid YAML", "c.yaml")),
+    CliCase("config-list", "config file", "config file holding a list",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "- a\n- b\n"))], ("must hold a mapping",)),
+    CliCase("config-unknown-key", "config file", "config file with a misspelled key",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "train:\n  epoch: 3\n"))],
+            ("train.epoch", "did you mean")),
+    CliCase("O-bracket", "O= string", "unbalanced bracket in O",
+            lambda e: ["run", "train", *e.smoke(), "-O", "model.args={a: 1"], ("unbalanced bracket",)),
+    CliCase("O-quote", "O= string", "unbalanced quote in O",
+            lambda e: ["run", "train", *e.smoke(), "-O", 'data.path="/x'], ("unbalanced", "quote")),
+    CliCase("O-colon", "O= string", "{k:v} inside O",
+            lambda e: ["run", "train", *e.smoke(), "-O", "train.epochs=2 model.args={hidden:16}"], ("{hidden: 16}",)),
+]
+
+STAGES = [
+    CliCase("unknown-stage", "run: stages", "stage name typo", lambda e: ["run", "trian", *e.smoke()],
+            ("unknown stage 'trian'", "train")),
+    CliCase("export-before-train", "run: stages", "export in a run that has no training",
+            lambda e: ["run", "export", *e.smoke(root=e.tmp)], ("train", "make train")),
+    CliCase("train-pdparams-changed", "run: artifacts read", "train/model.pdparams modified, then export",
+            lambda e: ["run", "export", *e.smoke(root=damaged_run(e, "train/model.pdparams"))],
+            ("model.pdparams", "changed")),
+    CliCase("train-info-missing", "run: artifacts read", "train/info.json deleted, then export",
+            lambda e: ["run", "export", *e.smoke(root=damaged_run(e, "train/info.json", delete=True))],
+            ("info.json", "missing")),
+    CliCase("train-manifest-garbage", "run: artifacts read", "train/manifest.json not JSON, then export",
+            lambda e: ["run", "export", *e.smoke(root=damaged_run(e, "train/manifest.json", b"{not json"))],
+            ("train", "make train")),
+    CliCase("export-pdmodel-changed", "run: artifacts read", "export/inference.pdmodel modified, then server",
+            lambda e: ["run", "server", *e.smoke(root=damaged_run(e, "export/inference.pdmodel"))],
+            ("inference.pdmodel", "changed")),
+    CliCase("lite-nb-changed", "run: artifacts read", "lite/x86_fp32.nb modified, then bundle",
+            lambda e: ["run", "bundle", *e.smoke(root=damaged_run(e, "lite/x86_fp32.nb"))],
+            ("x86_fp32.nb", "changed")),
+    CliCase("summary-no-run", "run: stages", "summary of a run that does not exist",
+            lambda e: ["summary", *e.smoke(root=e.tmp)], ("no run folder",)),
+    CliCase("launch-nproc-0", "run: stages", "launch with 0 processes",
+            lambda e: ["launch", "--nproc", "0", *e.smoke(root=e.tmp)], ("--nproc",)),
+]
+
+MODEL = [
+    CliCase("no-parameters", "model", "a model with no parameters (paddle.nn:Flatten)",
+            lambda e: ["run", "train", *e.smoke("model.name=paddle.nn:Flatten")],
+            ("paddle.nn:Flatten", "no trainable parameters")),
+    CliCase("output-rank", "model", "output rank that does not fit the task (paddle.nn:Linear on images)",
+            lambda e: ["run", "train", *e.smoke("model.name=paddle.nn:Linear", "model.args={in_features: 32, out_features: 36}")],
+            ("paddle.nn:Linear", "rank 4", "rank 2")),
+    CliCase("forward-fails", "model", "a model whose forward fails on the input",
+            lambda e: ["run", "train", *e.smoke("model.name=paddle.nn:Linear", "model.args={in_features: 5, out_features: 36}")],
+            ("paddle.nn:Linear", "fails on one input")),
+    CliCase("module-missing", "model", "model from a module that does not exist",
+            lambda e: ["run", "train", *e.smoke("model.name=no_such_pkg_xyz:build")], ("cannot import",)),
+    CliCase("not-a-layer", "model", "builder that returns no Layer (os:getcwd)",
+            lambda e: ["run", "train", *e.smoke("model.name=os:getcwd")], ("not a paddle.nn.Layer",)),
+    CliCase("builder-raises", "model", "builder that raises (paddle.nn:Conv2D with a bad kernel size)",
+            lambda e: ["run", "train", *e.smoke("model.name=paddle.nn:Conv2D",
+                                                  "model.args={in_channels: 1, out_channels: 4, kernel_size: -3}")],
+            ("paddle.nn:Conv2D",)),
+    CliCase("no-colon", "model", "model name that is neither built-in nor module:callable",
+            lambda e: ["run", "train", *e.smoke("model.name=resnet_tiny")], ("neither a built-in",)),
+    CliCase("bad-builtin-args", "model", "unknown argument for the built-in model",
+            lambda e: ["run", "train", *e.smoke("model.args={bogus: 1}")], ("model.args", "bogus")),
+    CliCase("recognition-bad-model", "model", "classification model for the recognition task",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=small_cnn", "data.width=128", "data.num_train=64", "data.num_val=16")],
+            ("not a recognition model",)),
+]
+
+DATA = [
+    CliCase("folder-missing", "data", "image folder that does not exist",
+            lambda e: ["run", "train", *e.smoke("data.source=folder", f"data.path={e.tmp / 'none'}")], ("none",)),
+    CliCase("folder-empty", "data", "empty image folder",
+            lambda e: ["run", "train", *e.smoke("data.source=folder", f"data.path={e.tmp}")], ("no class subfolders",)),
+    CliCase("folder-no-path", "data", "data.source=folder without data.path",
+            lambda e: ["run", "train", *e.smoke("data.source=folder")], ("data.path",)),
+    CliCase("folder-one-class", "data", "image folder with one class",
+            lambda e: ["run", "train", *e.smoke("data.source=folder", f"data.path={image_folder(e, classes='a')}")],
+            ("only one class",)),
+    CliCase("folder-broken-image", "data", "a broken PNG among the images",
+            lambda e: ["run", "train", *e.smoke("data.source=folder", f"data.path={image_folder(e, b'not a png')}")],
+            ("broken.png",)),
+    CliCase("batch-too-big", "data", "batch larger than the data set",
+            lambda e: ["run", "train", *e.smoke("train.batch_size=100000")], ("train.batch_size",)),
+    CliCase("not-square", "data", "non-square synthetic characters",
+            lambda e: ["run", "train", *e.smoke("data.width=48")], ("square",)),
+    CliCase("font-missing", "data", "a font file that does not exist",
+            lambda e: ["run", "train", *e.smoke(f"data.fonts=[{e.tmp / 'nope.ttf'}]")], ("nope.ttf",)),
+    CliCase("charset-missing", "data", "recognition charset file that does not exist",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64", "data.num_val=16", f"data.charset={e.tmp / 'dict.txt'}")],
+            ("dict.txt",)),
+    CliCase("charset-duplicate", "data", "charset file with a duplicate character",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64", "data.num_val=16",
+                                                 f"data.charset={e.write('dict.txt', 'A' + chr(10) + 'A' + chr(10))}")],
+            ("duplicate",)),
+    CliCase("labelfile-no-tab", "data", "recognition label line without a TAB",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64", "data.num_val=16", "data.source=folder",
+                                                 f"data.path={e.write('gt.txt', 'img.png ABC' + chr(10))}")],
+            ("gt.txt:1",)),
+    CliCase("labelfile-not-utf8", "data", "recognition label file that is not UTF-8",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64", "data.num_val=16", "data.source=folder",
+                                                 f"data.path={e.write('gt.txt', bytes([0xff, 0xfe, 0x00, 0x41]))}")],
+            ("UTF-8",)),
+    CliCase("no-gpu", "data", "train.device=gpu on a machine without one",
+            lambda e: ["run", "train", *e.smoke("train.device=gpu")], ("train.device",)),
+]
+
+VERIFY = [
+    CliCase("verify-missing", "verify: bundle", "bundle path that does not exist",
+            lambda e: ["verify", str(e.tmp / "nope")], ("bundle not found",)),
+    CliCase("verify-empty-folder", "verify: bundle", "a folder that is not a bundle",
+            lambda e: ["verify", str(e.tmp)], ("not a bundle",)),
+    CliCase("verify-text-file", "verify: archive", "a text file given as the archive",
+            lambda e: ["verify", str(e.write("b.tar.gz", "hello"))], ("not a readable tar",)),
+    CliCase("verify-truncated", "verify: archive", "the bundle's .tar.gz cut in half",
+            lambda e: ["verify", str(e.write("b.tar.gz", e.archive.read_bytes()[: e.archive.stat().st_size // 2]))],
+            ("damaged",)),
+    CliCase("tar-dotdot", "verify: archive", "archive member ../evil.txt",
+            lambda e: ["verify", str(tar(e, [member("b/manifest.json"), member("b/../../evil.txt")]))], ("escapes",)),
+    CliCase("tar-absolute", "verify: archive", "archive member /tmp/evil.txt",
+            lambda e: ["verify", str(tar(e, [member("/tmp/evil-absolute.txt")]))], ("escapes",)),
+    CliCase("tar-symlink", "verify: archive", "archive member that is a symlink to /etc/passwd",
+            lambda e: ["verify", str(tar(e, [member("b/manifest.json"), member("b/l", None, tarfile.SYMTYPE, "/etc/passwd")]))],
+            ("links",)),
+    CliCase("tar-device", "verify: archive", "archive member that is a device file",
+            lambda e: ["verify", str(tar(e, [member("b/manifest.json"), member("b/dev", None, tarfile.CHRTYPE)]))],
+            ("special",)),
+    CliCase("tar-1gib", "verify: archive", "archive announcing a 1 GiB member (a zip bomb)",
+            lambda e: ["verify", str(giant_member_archive(e))], ("verify.max_archive_bytes", "1,073,741,824")),
+    CliCase("tar-members", "verify: archive", "archive with more members than verify.max_members",
+            lambda e: ["verify", str(e.archive), "-o", "verify.max_members=3"], ("verify.max_members",)),
+    CliCase("tar-bytes", "verify: archive", "archive larger than verify.max_archive_bytes",
+            lambda e: ["verify", str(e.archive), "-o", "verify.max_archive_bytes=1000"], ("verify.max_archive_bytes",)),
+    CliCase("manifest-dotdot", "verify: manifest", "manifest listing ../outside.txt (with its right hash)",
+            lambda e: ["verify", str(manifest_lists(e, "../outside.txt", e.write("outside.txt", "secret").read_bytes()))],
+            ("../outside.txt", "outside the bundle")),
+    CliCase("manifest-absolute", "verify: manifest", "manifest listing /etc/hostname",
+            lambda e: ["verify", str(manifest_lists(e, "/etc/hostname", b""))], ("/etc/hostname", "outside the bundle")),
+    CliCase("manifest-symlink-dir", "verify: manifest", "manifest path through a symlinked folder leading outside",
+            lambda e: ["verify", str(_symlinked_dir(e))], ("symlink",)),
+    CliCase("bundle-symlink-file", "verify: manifest", "a model file replaced by a symlink to a copy elsewhere",
+            lambda e: ["verify", str(_symlinked_file(e))], ("symlink",)),
+    CliCase("file-modified", "verify: manifest", "model parameters modified",
+            lambda e: ["verify", str(tamper(copy_bundle(e), "server/fp32/inference.pdiparams"))],
+            ("inference.pdiparams", "modified")),
+    CliCase("file-missing", "verify: manifest", "a listed file deleted",
+            lambda e: ["verify", str(_without(e, "mobile/x86_fp32.nb"))], ("x86_fp32.nb", "missing")),
+    CliCase("file-unlisted", "verify: manifest", "an extra file not in the manifest",
+            lambda e: ["verify", str(_with_extra(e))], ("not in its manifest",)),
+    CliCase("manifest-not-json", "verify: manifest", "manifest.json that is not JSON",
+            lambda e: ["verify", str(tamper(copy_bundle(e), "manifest.json", b"{oops"))], ("not a valid bundle manifest",)),
+    CliCase("manifest-files-list", "verify: manifest", "manifest whose 'files' is a list",
+            lambda e: ["verify", str(tamper(copy_bundle(e), "manifest.json", b'{"files": ["a"]}'))],
+            ("not a valid bundle manifest",)),
+    CliCase("manifest-missing", "verify: manifest", "manifest.json deleted",
+            lambda e: ["verify", str(_without(e, "manifest.json"))], ("not a bundle",)),
+    CliCase("infer-config-rehashed", "verify: content", "infer_config.yaml broken, manifest rehashed (unsigned)",
+            lambda e: ["verify", str(tampered_rehashed(e, "infer_config.yaml", b"task: [oops"))], ("infer_config.yaml",)),
+    CliCase("samples-rehashed", "verify: content", "samples/expected.npz garbage, manifest rehashed",
+            lambda e: ["verify", str(tampered_rehashed(e, "samples/expected.npz", b"garbage"))], ("samples",)),
+    CliCase("samples-outside", "verify: content", "sample list pointing outside the bundle, rehashed",
+            lambda e: ["verify", str(tampered_rehashed(e, "samples/expected.npz", _npz_outside(e)))],
+            ("outside the bundle",)),
+    CliCase("pdmodel-rehashed", "verify: content", "program file garbage, manifest rehashed (unsigned)",
+            lambda e: ["verify", str(tampered_rehashed(e, "server/fp32/inference.pdmodel", b"garbage"))],
+            ("inference",)),
+    CliCase("expected-rehashed", "verify: content", "expected outputs altered, manifest rehashed",
+            lambda e: ["verify", str(tampered_rehashed(e, "samples/expected.npz", _npz_shifted(e)))], ("limit",)),
+]
+
+SIGNATURE = [
+    CliCase("signed-tampered-rehashed", "verify: signature", "signed bundle: file + manifest rewritten, verify --key",
+            lambda e: ["verify", str(tampered_rehashed(e, "server/fp32/inference.pdiparams", src=e.signed)), "--key", str(e.pub)],
+            ("signature check failed", "inference.pdiparams", "manifest.json")),
+    CliCase("signed-file-added", "verify: signature", "signed bundle: file added and listed, verify --key",
+            lambda e: ["verify", str(_added_and_listed(e)), "--key", str(e.pub)], ("added since signing", "extra.txt")),
+    CliCase("unsigned-with-key", "verify: signature", "unsigned bundle, verify --key",
+            lambda e: ["verify", str(e.bundle), "--key", str(e.pub)], ("unsigned",)),
+    CliCase("unsigned-trust-root", "verify: signature", "unsigned bundle, verify.trust_key configured",
+            lambda e: ["verify", str(e.bundle), "-o", f"verify.trust_key={e.pub}"], ("unsigned",)),
+    CliCase("wrong-key", "verify: signature", "signed bundle checked with another key",
+            lambda e: ["verify", str(e.signed), "--key", str(e.other_pub)], ("signature check failed", "public key")),
+    CliCase("key-missing", "verify: signature", "--key file that does not exist",
+            lambda e: ["verify", str(e.signed), "--key", str(e.tmp / "nope.pem")], ("public key not found",)),
+    CliCase("key-not-pem", "verify: signature", "--key file that is not a PEM key",
+            lambda e: ["verify", str(e.signed), "--key", str(key_file(e, "hello"))], ("cannot use",)),
+    CliCase("sig-garbage", "verify: signature", "model.sig replaced by garbage",
+            lambda e: ["verify", str(tamper(copy_bundle(e, e.signed), "model.sig", b"garbage")), "--key", str(e.pub)],
+            ("signature check failed",)),
+    CliCase("sign-key-missing", "sign", "sign with a key file that does not exist",
+            lambda e: ["sign", str(copy_bundle(e)), "--key", str(e.tmp / "nope.pem")], ("signing key not found",)),
+    CliCase("sign-public-key", "sign", "sign with the public key",
+            lambda e: ["sign", str(copy_bundle(e)), "--key", str(e.pub)], ("cannot use", "signing key")),
+    CliCase("sign-tampered", "sign", "sign a bundle whose files no longer match its manifest",
+            lambda e: ["sign", str(tamper(copy_bundle(e), "infer_config.yaml")), "--key", str(e.priv)],
+            ("infer_config.yaml", "modified")),
+    CliCase("sign-missing", "sign", "sign a bundle that does not exist",
+            lambda e: ["sign", str(e.tmp / "nope"), "--key", str(e.priv)], ("bundle not found",)),
+    CliCase("bundle-sign-key-missing", "sign", "bundle.sign_key that does not exist (bundle stage)",
+            lambda e: ["run", "bundle", *e.smoke(f"bundle.sign_key={e.tmp / 'nope.pem'}")], ("bundle.sign_key",)),
+]
+
+SERVE = [
+    CliCase("port-70000", "serve: CLI", "serve --port 70000",
+            lambda e: ["serve", str(e.bundle), "--port", "70000"], ("--port 70000", "out of range"), absent=("serving",)),
+    CliCase("port-0", "serve: CLI", "serve --port 0", lambda e: ["serve", str(e.bundle), "--port", "0"],
+            ("out of range",), absent=("serving",)),
+    CliCase("port-in-use", "serve: CLI", "serve on a port that is in use", port_in_use, ("already in use",),
+            absent=("serving",)),
+    CliCase("host-foreign", "serve: CLI", "serve --host with an address this machine does not have",
+            lambda e: ["serve", str(e.bundle), "--host", "192.0.2.1", "--port", "8000"], ("cannot listen",),
+            absent=("serving",)),
+    CliCase("port-text", "serve: CLI", "serve --port abc", lambda e: ["serve", str(e.bundle), "--port", "abc"],
+            ("invalid int value",), hint=False),
+    CliCase("serve-missing", "serve: CLI", "serve a bundle that does not exist",
+            lambda e: ["serve", str(e.tmp / "nope"), "--port", _free_port()], ("bundle not found",), absent=("serving",)),
+    CliCase("serve-tampered", "serve: CLI", "serve a tampered bundle",
+            lambda e: ["serve", str(tamper(copy_bundle(e), "server/fp32/inference.pdiparams")), "--port", _free_port()],
+            ("modified",), absent=("serving",)),
+    CliCase("serve-unsigned-key", "serve: CLI", "serve --key on an unsigned bundle",
+            lambda e: ["serve", str(e.bundle), "--key", str(e.pub), "--port", _free_port()], ("unsigned",),
+            absent=("serving",)),
+]
+
+REGRESSION = [
+    CliCase("compare-not-run", "nightly", "compare a folder that is not a run",
+            lambda e: ["compare", str(e.tmp), *e.smoke(root=e.tmp)], ("not a run folder",)),
+    CliCase("accept-not-run", "nightly", "accept a run folder that does not exist",
+            lambda e: ["accept", str(e.tmp / "nope"), *e.smoke(root=e.tmp)], ("refusing to accept",)),
+    CliCase("history-not-sqlite", "nightly", "history database that is not SQLite",
+            lambda e: ["history", *e.smoke(f"regression.history={e.write('h.sqlite', 'garbage')}")], ("not a database",)),
+    CliCase("nightly-existing-run", "nightly", "nightly into an existing run folder",
+            lambda e: ["nightly", *e.smoke()], ("fresh run folder",)),
+]
+
+
+def _img(e: Env) -> bytes:
+    with np.load(e.bundle / "samples" / "expected.npz") as z:
+        return (e.bundle / str(z["files"][0])).read_bytes()
+
+
+HTTP = [
+    HttpCase("get-predict", "GET /predict", lambda e: {"method": "GET", "url": "/predict"}, 405, ("Method Not Allowed",)),
+    HttpCase("unknown-path", "POST /nope", lambda e: {"method": "POST", "url": "/nope"}, 404, ("Not Found",)),
+    HttpCase("empty-body", "empty body", lambda e: {"method": "POST", "url": "/predict", "content": b"",
+                                                    "headers": {"content-type": "image/png"}}, 400, ("empty",)),
+    HttpCase("text-plain", "text/plain body", lambda e: {"method": "POST", "url": "/predict", "content": b"hi",
+                                                         "headers": {"content-type": "text/plain"}}, 415, ("content-type",)),
+    HttpCase("garbage-png", "garbage bytes as image/png", lambda e: {"method": "POST", "url": "/predict",
+             "content": b"\x89PNG garbage", "headers": {"content-type": "image/png"}}, 400, ("not a readable",)),
+    HttpCase("huge-image", "10000x10000 PNG (a few hundred bytes): refused from its header",
+             lambda e: {"method": "POST", "url": "/predict", "content": png_header(10000, 10000),
+                        "headers": {"content-type": "image/png"}}, 413, ("10000x10000", "serve.max_pixels")),
+    HttpCase("body-too-big", "body over serve.max_body_bytes", lambda e: {"method": "POST", "url": "/predict",
+             "content": b"\x89PNG" + b"0" * (5 << 20), "headers": {"content-type": "image/png"}}, 413, ("limit",)),
+    HttpCase("json-invalid", "invalid JSON", lambda e: {"method": "POST", "url": "/predict", "content": b"{oops",
+             "headers": {"content-type": "application/json"}}, 400, ("not valid JSON",)),
+    HttpCase("json-no-inputs", "JSON without 'inputs'", lambda e: {"method": "POST", "url": "/predict",
+             "json": {"x": 1}}, 400, ("'inputs'",)),
+    HttpCase("json-shape", "tensor of the wrong shape", lambda e: {"method": "POST", "url": "/predict",
+             "json": {"inputs": [[1.0, 2.0]]}}, 400, ("shape",)),
+    HttpCase("json-nan", "tensor with NaN", lambda e: {"method": "POST", "url": "/predict",
+             "content": json.dumps({"inputs": np.full((1, 32, 32), np.nan).tolist()}).encode(),
+             "headers": {"content-type": "application/json"}}, 400, ("NaN",)),
+    HttpCase("json-strings", "tensor of strings", lambda e: {"method": "POST", "url": "/predict",
+             "json": {"inputs": [["a", "b"]]}}, 400, ("numbers",)),
+    HttpCase("multipart-no-file", "multipart form without a file", lambda e: {"method": "POST", "url": "/predict",
+             "content": b'--X\r\nContent-Disposition: form-data; name="a"\r\n\r\nb\r\n--X--\r\n',
+             "headers": {"content-type": "multipart/form-data; boundary=X"}}, 400, ("no file part",)),
+    HttpCase("multipart-empty-file", "multipart upload of an empty file", lambda e: {"method": "POST", "url": "/predict",
+             "files": {"file": ("a.png", b"", "image/png")}}, 400, ("empty",)),
+    HttpCase("jpeg-truncated", "a JPEG cut short", lambda e: {"method": "POST", "url": "/predict",
+             "content": _jpeg()[:60], "headers": {"content-type": "image/jpeg"}}, 400, ("not a readable",)),
+]
+
+PROC = [
+    ProcCase("make-colon", "make O=", "make train O='model.args={scale:0.5}' (the README's old example)",
+             lambda e: ["make", "--no-print-directory", "train", "O=model.args={scale:0.5}"], ("{scale: 0.5}",)),
+    ProcCase("make-space-path", "make O=", "make summary O='run.root=\"/tmp/my set\" model.args={a: 1, b: 2}' "
+             "(a space in a path and in a mapping reach the CLI intact)",
+             lambda e: ["make", "--no-print-directory", "summary",
+                        f"O=run.root=\"{e.tmp}/my set\" model.args={{a: 1, b: 2}} run.name=r"], ("my set/r",)),
+    ProcCase("make-quote", "make O=", "make train O='data.path=\"/x' (unbalanced quote)",
+             lambda e: ["make", "--no-print-directory", "train", 'O=data.path="/x'], ("unbalanced",)),
+    ProcCase("cli-port", "serve: CLI", "python -m pipeline serve --port 70000 (a real process: no uvicorn traceback)",
+             lambda e: [sys.executable, "-m", "pipeline", "serve", str(e.bundle), "--port", "70000"], ("out of range",)),
+]
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _symlinked_dir(e: Env) -> Path:
+    outside = e.tmp / "outside"
+    outside.mkdir()
+    data = b"not shipped"
+    (outside / "x.bin").write_bytes(data)
+    b = manifest_lists(e, "data/x.bin", data)
+    os.symlink(outside, b / "data")
+    return b
+
+
+def _symlinked_file(e: Env) -> Path:
+    b = copy_bundle(e)
+    real = e.tmp / "elsewhere.pdiparams"
+    shutil.move(b / "server/fp32/inference.pdiparams", real)
+    os.symlink(real, b / "server/fp32/inference.pdiparams")
+    return b
+
+
+def _without(e: Env, rel: str) -> Path:
+    b = copy_bundle(e)
+    (b / rel).unlink()
+    return b
+
+
+def _with_extra(e: Env) -> Path:
+    b = copy_bundle(e)
+    (b / "server" / "evil.py").write_text("import os\n")
+    return b
+
+
+def _added_and_listed(e: Env) -> Path:
+    b = copy_bundle(e, e.signed)
+    (b / "extra.txt").write_text("added later")
+    rehash(b, "extra.txt")
+    return b
+
+
+def _jpeg() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _npz_outside(e: Env) -> bytes:
+    with np.load(e.bundle / "samples" / "expected.npz") as z:
+        files = np.array(["../../outside.png"] + [str(f) for f in z["files"][1:]])
+        return _npz(outputs=z["outputs"], labels=z["labels"], files=files)
+
+
+def _npz_shifted(e: Env) -> bytes:
+    with np.load(e.bundle / "samples" / "expected.npz") as z:
+        return _npz(outputs=z["outputs"] + 1.0, labels=z["labels"], files=z["files"])
+
+
+CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION
+ALL = CLI_CASES + HTTP + PROC
+
+
+def table() -> str:
+    """Markdown table of every case (docs/bad_inputs.md), with the count per category."""
+    from collections import Counter
+
+    counts = Counter(c.category for c in ALL)
+    lines = ["# The bad-input corpus", "",
+             "Generated from `tests/bad_inputs_cases.py` by `python scripts/bad_inputs_table.py`; run by",
+             "`tests/test_bad_inputs.py` (part of `make test`). Every case must answer with a non-zero exit (CLI) or",
+             "a 4xx status (HTTP), one line naming what is wrong and how to fix it, no traceback, and leave the",
+             "hashes of every artifact that already existed (the run's stage outputs, the bundles) unchanged.", "",
+             f"**{len(ALL)} cases**: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", "",
+             "| # | category | case | input | the answer names |", "|---|---|---|---|---|"]
+    for i, c in enumerate(ALL, 1):
+        answer = (f"HTTP {c.status}: " if c.kind == "http" else "") + ", ".join(f"`{x}`" for x in c.expect)
+        what, answer = c.what.replace("|", "\\|"), answer.replace("|", "\\|")
+        lines.append(f"| {i} | {c.category} | `{c.id}` | {what} | {answer} |")
+    return "\n".join(lines) + "\n"
