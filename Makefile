@@ -87,8 +87,9 @@ clean:
 # make nightly [O="k=v ..."]   whole chain into runs/nightly-<UTC time>, compare with the baseline,
 #                              junit.xml + report.html in the run folder, history in runs/history.sqlite
 # make accept [RUN=runs/x]     promote a run (default: the newest nightly) to regression baseline
-# make verify [BUNDLE=path]    check a bundle folder or .tar.gz (default: the newest in bundles/)
-# make serve [BUNDLE=path] [PORT=8000]   HTTP inference on 127.0.0.1
+# make verify [BUNDLE=path] [KEY=pub.pem]   check a bundle folder or .tar.gz (default: the newest in bundles/);
+#                              KEY: the public key it must be signed with
+# make serve [BUNDLE=path] [PORT=8000] [KEY=pub.pem]   HTTP inference on 127.0.0.1
 NIGHTLY_CONFIG ?= configs/nightly.yaml
 RUN ?=
 BUNDLE ?=
@@ -105,11 +106,15 @@ accept: $(STAMP)
 history: $(STAMP)
 	$(PY) -m pipeline history -c $(NIGHTLY_CONFIG) -O "$$O"
 
+KEY ?=
+KEYARG = $(if $(KEY),--key '$(KEY)')
+
 verify: $(STAMP)
-	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline verify $$b"; $(PY) -m pipeline verify "$$b"
+	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline verify $$b $(KEYARG)"; $(PY) -m pipeline verify "$$b" $(KEYARG) -O "$$O"
 
 serve: $(STAMP)
-	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline serve $$b --port $(PORT)"; $(PY) -m pipeline serve "$$b" --port $(PORT)
+	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline serve $$b --port $(PORT) $(KEYARG)"; \
+	$(PY) -m pipeline serve "$$b" --port $(PORT) $(KEYARG) -O "$$O"
 
 bench-deploy: $(STAMP)
 	$(PY) scripts/bench_deploy.py -c $(CONFIG) $(foreach o,$(O),-o $(o))
