@@ -66,6 +66,32 @@ class _LatencyLog:
                      (time.perf_counter() - t0) * 1e3)
 
 
+class _ConcurrencyLimit:
+    """At most `limit` POST requests in progress (each holds its body and decoded input in memory); more get
+    429 with Retry-After. Plain ASGI around the whole app, so every inference route is covered, present and
+    future. One event loop: the counter needs no lock."""
+
+    def __init__(self, app, limit: int = MAX_CONCURRENCY):
+        self.app, self.limit, self.inflight = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        if self.inflight >= self.limit:
+            body = json.dumps({"error": f"{self.inflight} requests already in progress, the limit is {self.limit} "
+                                        "(serve.max_concurrency); retry shortly"}).encode()
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        self.inflight += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.inflight -= 1
+
+
 def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, key: str | Path | None = None,
                archive_limits: tuple[int, int] | None = None, **limits):
     """App for a bundle folder or .tar.gz; the signature (with a key) and every hash are checked before
@@ -116,35 +142,26 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
         pool.shutdown(wait=True)
 
     app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.add_middleware(_LatencyLog, log_requests=log_requests)
+    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
+    app.add_middleware(_LatencyLog, log_requests=log_requests)      # outermost: 429s are logged and timed too
 
     @app.exception_handler(_BadRequest)
     async def _bad(_request, exc: _BadRequest):
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": task.name, "input": infer_cfg["input"],
                 "versions": versions or env.versions()}
 
-    inflight = [0]          # requests past admission; one event loop thread: no lock needed
-
     @app.post("/predict")
     async def predict(request: Request):
-        if inflight[0] >= max_concurrency:
-            raise _BadRequest(429, f"{inflight[0]} requests already in progress, the limit is {max_concurrency} "
-                                   "(serve.max_concurrency); retry shortly")
-        inflight[0] += 1
+        x = await _read_input(request, infer_cfg, want, max_body, max_pixels)
+        t0 = time.perf_counter()
         try:
-            x = await _read_input(request, infer_cfg, want, max_body, max_pixels)
-            t0 = time.perf_counter()
-            try:
-                out = await asyncio.get_running_loop().run_in_executor(pool, engine.run, x)
-            except DataError as exc:             # shape/dtype the engine refused
-                raise _BadRequest(400, exc.one_line()) from None
-        finally:
-            inflight[0] -= 1
+            out = await asyncio.get_running_loop().run_in_executor(pool, engine.run, x)
+        except DataError as exc:             # shape/dtype the engine refused
+            raise _BadRequest(400, exc.one_line()) from None
         body = {"model": name, "task": task.name, "predictions": task.decode(out, infer_cfg["postprocess"]),
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
         if request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
@@ -159,12 +176,17 @@ async def _read_body(request, max_body: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body:
         raise _BadRequest(413, f"request body is {int(declared)} bytes; the limit is {max_body}")
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():        # chunked uploads have no content-length: count as we go
-        size += len(chunk)
-        if size > max_body:
-            raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():    # chunked uploads have no content-length: count as we go
+            size += len(chunk)
+            if size > max_body:
+                raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit")
+            chunks.append(chunk)
+    except ClientDisconnect:                     # nobody to answer, but no traceback in the log either
+        raise _BadRequest(400, f"client disconnected after {size} bytes of the body") from None
     return b"".join(chunks)
 
 
