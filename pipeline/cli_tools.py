@@ -26,7 +26,10 @@ def register(sub, config_args) -> None:
     s.add_argument("bundle", type=Path)
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
     s.add_argument("--port", type=int, default=8000, help="1-65535 (default 8000)")
-    s.add_argument("--threads", type=int, default=0, help="CPU threads for the predictor; 0 = all cores")
+    s.add_argument("--threads", type=int, default=0,
+                   help="CPU threads per engine instance; 0 = the counts measured per batch profile")
+    s.add_argument("--engine", choices=("paddle-inference", "onnxruntime", "openvino"),
+                   help="override the bundle's recommended engine")
     s.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
     config_args(s)
     s.set_defaults(func=_serve)
@@ -110,7 +113,7 @@ def _serve(args) -> int:
     sv = cfg.serve
     serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
-          archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members))
+          archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine)
     return 0
 
 

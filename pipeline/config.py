@@ -134,6 +134,20 @@ class HttpCfg(Section):
     max_requests: int = PosInt
 
 
+class OnnxCfg(Section):
+    opset: int = Field(ge=7, le=19)
+    gpu_providers: list[Literal["cuda", "tensorrt"]]
+
+
+class TuningCfg(Section):
+    threads: list[int] = Field(min_length=1)
+    rounds: int = PosInt
+
+
+class RecommendCfg(Section):
+    by: Literal["latency", "throughput"]
+
+
 class ServerCfg(Section):
     precisions: list[Literal["fp32", "fp16", "bf16", "int8"]]
     device: Literal["auto", "cpu", "gpu"]
@@ -145,6 +159,10 @@ class ServerCfg(Section):
     quant: QuantCfg
     perf: PerfCfg
     http: HttpCfg
+    engines: list[Literal["paddle-inference", "onnxruntime", "openvino"]]
+    onnx: OnnxCfg
+    tuning: TuningCfg
+    recommend: RecommendCfg
 
     @model_validator(mode="after")
     def _every_precision_has_a_gate(self):

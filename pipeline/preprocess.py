@@ -45,6 +45,26 @@ def fit_image(img: Image.Image, spec: dict) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_gray_at_size(data: bytes, spec: dict, max_pixels: int | None = None) -> np.ndarray | None:
+    """An 8-bit grayscale PNG already at the model size needs no conversion or resize: OpenCV decodes it
+    ~5x faster than PIL (30 vs 150 us, the largest cost of a /predict request) and PNG is lossless, so the
+    pixels are identical. Anything else (colour, 16-bit, other sizes, JPEG) takes the PIL path."""
+    if len(data) < 33 or not data.startswith(_PNG_SIG) or data[12:16] != b"IHDR":
+        return None
+    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if (h, w) != (spec["height"], spec["width"]) or data[24] != 8 or data[25] != 0:   # depth 8, colour type 0
+        return None
+    if max_pixels is not None and h * w > max_pixels:       # the PIL path refuses it with the usual message
+        return None
+    import cv2
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    return img if img is not None and img.dtype == np.uint8 and img.shape == (h, w) else None
+
+
 class ImageTooLarge(DataError):
     """An image whose header announces more pixels than allowed (refused before decoding)."""
 
@@ -54,6 +74,9 @@ def decode_image_bytes(data: bytes, spec: dict, max_pixels: int | None = None) -
 
     max_pixels: refuse (ImageTooLarge) from the header alone — Image.open reads only the header, so a
     tiny PNG announcing 10000x10000 is never inflated to ~100 MB."""
+    fast = _png_gray_at_size(data, spec, max_pixels)
+    if fast is not None:
+        return fast
     try:
         with warnings.catch_warnings():       # PIL warns on big headers; with a limit we decide ourselves
             if max_pixels is not None:

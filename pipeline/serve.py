@@ -93,10 +93,12 @@ class _ConcurrencyLimit:
 
 
 def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, key: str | Path | None = None,
-               archive_limits: tuple[int, int] | None = None, **limits):
+               archive_limits: tuple[int, int] | None = None, engine: str | None = None, **limits):
     """App for a bundle folder or .tar.gz; the signature (with a key) and every hash are checked before
-    Paddle parses any file. limits: max_pixels, max_concurrency (see create_app_from_model)."""
+    Paddle parses any file. limits: max_pixels, max_concurrency (see create_app_from_model).
+    engine: override the bundle's recommended engine (paddle-inference | onnxruntime | openvino)."""
     from .bundle import load_infer_config, open_bundle, verify_hashes
+    from .serving import load_engine
     from .verify import check_signature
 
     scratch = tempdirs.directory("serve-bundle")
@@ -106,7 +108,8 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
     cfg = load_infer_config(folder)
     app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
                                 max_body=max_body, name=manifest.get("name") or folder.name,
-                                versions=manifest.get("versions"), **limits)
+                                versions=manifest.get("versions"), engine=load_engine(folder, cfg, engine, threads),
+                                **limits)
     app.state.scratch = scratch          # an extracted archive lives as long as the app
     app.state.signature = signature
     return app
@@ -114,13 +117,15 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
 
 def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
                           name: str | None = None, versions: dict | None = None, log_requests: bool = True,
-                          max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY):
+                          max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY, engine=None):
     """App for an exported model + the infer_config structure (used by the server stage before a bundle exists).
+
+    engine: an already loaded pipeline.engines.base.Engine to serve (default: Paddle Inference on model_prefix).
 
     max_pixels: images above it get 413 from their header, before decoding; max_concurrency: requests in
     progress at once (bodies + decoded images held in memory), more get 429."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     from . import env
     from .engines.paddle_infer import InferenceEngine
@@ -129,12 +134,14 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     for key in ("preprocess", "postprocess", "task", "input"):
         if key not in infer_cfg:
             raise DataError(f"infer config has no '{key}' section", hint="see stages/bundle.py infer_config()")
-    engine = InferenceEngine(model_prefix, "fp32", threads=threads or env.cpu_count())
+    if engine is None:
+        engine = InferenceEngine(model_prefix, "fp32", threads=threads or env.cpu_count())
     task = get_task(infer_cfg["task"])
     want = [d if isinstance(d, int) and d > 0 else None for d in infer_cfg["input"]["shape"]]
     name = name or Path(model_prefix).parent.name
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
+    runner = _Runner(engine, pool)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -159,17 +166,61 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
         x = await _read_input(request, infer_cfg, want, max_body, max_pixels)
         t0 = time.perf_counter()
         try:
-            out = await asyncio.get_running_loop().run_in_executor(pool, engine.run, x)
+            out = await runner(x)
         except DataError as exc:             # shape/dtype the engine refused
             raise _BadRequest(400, exc.one_line()) from None
         body = {"model": name, "task": task.name, "predictions": task.decode(out, infer_cfg["postprocess"]),
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
         if request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
             body["outputs"] = out.tolist()
-        return body
+        # json.dumps straight to bytes: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
+        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
-    app.state.engine = engine
+    from .kserve import add_v2_routes               # KServe v2 / Open Inference Protocol under /v2
+
+    add_v2_routes(app, name=name, runner=runner, input_shape=want, output_name="output",
+                  versions=versions or env.versions(), max_body=max_body)
+    app.state.engine, app.state.runner = engine, runner
     return app
+
+
+class _Runner:
+    """Runs the engine for a request.
+
+    Batch-1 inputs of a ShapeRouted engine whose batch-1 call is well under a millisecond run inline
+    on the event loop: the thread-pool hop costs more than such a model (measured ~0.15 ms per
+    request) and the event loop is blocked for less than a JSON parse. The batch-1 instance is then
+    only ever touched by the loop thread and the batched one only by the worker thread, so neither
+    predictor is shared between threads. Everything else goes to the worker thread.
+    """
+
+    INLINE_MS = 1.0
+
+    def __init__(self, engine, pool: ThreadPoolExecutor):
+        from .engines.base import ShapeRouted
+
+        self.engine, self.pool = engine, pool
+        self.batch1_ms = _probe_ms(engine) if isinstance(engine, ShapeRouted) else None
+        self.inline = self.batch1_ms is not None and self.batch1_ms < self.INLINE_MS
+
+    async def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.inline and len(x) == 1:
+            return self.engine.run(x)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.engine.run, x)
+
+
+def _probe_ms(engine) -> float | None:
+    """Median batch-1 time on zeros (also warms the instance up); None when a non-batch dim is free."""
+    shape = [1, *engine.input_shape[1:]]
+    if any(d <= 0 for d in shape):
+        return None
+    x = np.zeros(shape, np.float32)
+    times = []
+    for _ in range(12):
+        t0 = time.perf_counter()
+        engine.run(x)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[2:]) * 1e3)
 
 
 async def _read_body(request, max_body: int) -> bytes:
@@ -339,7 +390,8 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         if host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
         log.info("bundle %s", app.state.signature)
-        log.info("serving %s on http://%s:%d (POST /predict, GET /health)", bundle, host, port)
+        log.info("serving %s with %s on http://%s:%d (POST /predict, GET /health, KServe v2 under /v2)", bundle,
+                 app.state.engine.kind, host, port)
         uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     finally:
         sock.close()
@@ -354,7 +406,7 @@ def _png(img: np.ndarray) -> bytes:
 
 
 def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labels: np.ndarray, task_name: str,
-              *, max_requests: int, threads: int = 0, timeout: float = 30.0) -> dict:
+              *, max_requests: int, threads: int = 0, timeout: float = 30.0, engine=None) -> dict:
     """Serve the model on a free 127.0.0.1 port, POST up to max_requests images as PNG (one per request),
     score the returned raw outputs with the task's primary metric, and time every request end to end."""
     import httpx
@@ -367,7 +419,8 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     n = min(int(max_requests), len(images_uint8))
     task = get_task(task_name)
     bodies = [_png(img) for img in images_uint8[:n]]
-    app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False)  # percentiles instead
+    app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False,  # percentiles instead
+                                engine=engine)
     outputs, times = [], []
     headers = {"content-type": "image/png"}
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:
@@ -386,4 +439,4 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     metric = task.metrics(out, labels[:n])[task.primary_metric] if np.isfinite(out).all() else float("nan")
     latency = {**summarize_ms(times), "repeats": len(times)}
     return {"metric": float(metric), "metric_name": task.primary_metric, "outputs": out, "latency_ms": latency,
-            "n": n}
+            "n": n, "engine": app.state.engine.kind}

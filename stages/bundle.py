@@ -32,7 +32,7 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def infer_config(info: dict, export_info: dict) -> dict:
+def infer_config(info: dict, export_info: dict, serving: dict | None = None) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "task": info["task"],
@@ -41,6 +41,7 @@ def infer_config(info: dict, export_info: dict) -> dict:
         "postprocess": info["postprocess"],
         "primary_metric": info["primary_metric"],
         "models": export_info,
+        "serving": serving or None,     # recommended engine + measured settings (pipeline/serving.py)
     }
 
 
@@ -101,6 +102,10 @@ def run(ctx: StageContext) -> StageResult:
         for f in prec_dir.glob("*.pd*"):
             _copy(f, b / "server" / prec_dir.name / f.name)
         models[prec_dir.name] = f"server/{prec_dir.name}/model"
+    if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
+        _copy(server_dir / "onnx" / "model.onnx", b / "server/onnx/model.onnx")
+        models["onnx"] = "server/onnx/model.onnx"
+    serving = json.loads((server_dir / "serving.json").read_text()) if (server_dir / "serving.json").is_file() else None
     for nb in sorted(lite_dir.glob("*.nb")):
         _copy(nb, b / "mobile" / nb.name)
         models[f"lite_{nb.stem}"] = f"mobile/{nb.name}"
@@ -108,7 +113,7 @@ def run(ctx: StageContext) -> StageResult:
     with np.load(export_dir / "reference.npz") as z:
         k = min(cfg.bundle.samples, len(z["labels"]))
         write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(info, models), sort_keys=False))
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(info, models, serving), sort_keys=False))
 
     gates = [g for stage in ("train", "export", "server", "lite") for g in ctx.input_manifests[stage]["gates"]]
     precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in ("train", "export", "server", "lite")}

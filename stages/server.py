@@ -16,7 +16,7 @@ from pipeline import env
 from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
-from pipeline.gates import FAIL, Gate, evaluate, skipped
+from pipeline.gates import FAIL, OK, Gate, evaluate, skipped
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -68,14 +68,21 @@ def run(ctx: StageContext) -> StageResult:
     common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
     gates: list[Gate] = []
     info_out: dict = {"device": device, "threads": threads}
+    tuning: dict = {}
+    served: dict = {}       # engine kind -> tuned fp32 engine, candidates for serving
 
     for prec in sc.precisions:
         tol = sc.gates[prec]
         log.info("[server] %s row", prec)
         try:
             if prec == "fp32":
-                eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
+                if device == "cpu":   # threads and instances per batch profile, chosen by measurement
+                    eng, tuning["paddle-inference"] = _tune(ctx, "paddle-inference", prefix, x,
+                                                            mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
+                else:
+                    eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
                 gates.append(_row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, tol, "fp32"))
+                served["paddle-inference"] = eng
             elif prec == "fp16":
                 if device == "gpu":
                     out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model")
@@ -100,8 +107,17 @@ def run(ctx: StageContext) -> StageResult:
                      reason=exc.one_line())
             gates.append(g)
 
+    if device == "cpu":
+        gates += _onnx_rows(ctx, ref, calib, served, tuning)
+    passing = {g.subject.rsplit(" ", 1)[0] for g in gates if g.status == OK and g.precision_effective == "fp32"}
+    candidates = {k: e for k, e in served.items() if k in passing}
+    serving = _recommend(ctx, x, candidates, tuning) if candidates else None
+    info_out["serving"] = serving
+    write_json(ctx.out_dir / "serving.json", serving or {})
+
     if sc.http.enable:
-        gates.append(_http_row(ctx, ref, threads))
+        rec = candidates.get(serving["engine"]) if serving else None
+        gates.append(_http_row(ctx, ref, threads, rec))
 
     peak = perf.matmul_peak_gflops(threads=threads)
     macs = perf.program_macs(prefix, batch=1)
@@ -117,7 +133,123 @@ def run(ctx: StageContext) -> StageResult:
                        metrics={g.subject: g.value for g in gates}, info=info_out)
 
 
-def _http_row(ctx, ref, threads) -> Gate:
+def _tune(ctx, kind: str, model, x, **paddle_opts):
+    from pipeline.engines import registry
+
+    sc = ctx.cfg.server
+    choices = registry.thread_choices(sc.tuning.threads, _threads(ctx.cfg))
+    eng, record = registry.tune(kind, model, "fp32", x, batch_size=sc.perf.batch_size, threads=choices,
+                                warmup=sc.perf.warmup, repeats=sc.perf.repeats, rounds=sc.tuning.rounds,
+                                **paddle_opts)
+    log.info("[server] %s tuned: batch-1 %s thread(s), batch-%d %s thread(s)", kind, record["batch1"]["threads"],
+             sc.perf.batch_size, record["batchN"]["threads"])
+    return eng, record
+
+
+def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
+    """paddle2onnx export, then ONNX Runtime and OpenVINO rows (fp32 tuned and ranked; int8 from the
+    same calibration data), each gated against the export like the Paddle Inference rows."""
+    from pipeline.engines import registry
+    from pipeline.engines.onnx_export import export_onnx
+
+    sc, task = ctx.cfg.server, ref.task
+    kinds = [k for k in sc.engines if k != "paddle-inference"]
+    if not kinds:
+        return []
+    args = (ref.inputs, ref.outputs, ref.labels, ref.metric)
+    try:
+        onnx_file = export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset)
+    except PipelineError as exc:
+        return [Gate("server", f"{k} fp32", "fp32", "none", task.primary_metric, status=FAIL,
+                     reason=f"ONNX export failed: {exc.one_line()}") for k in kinds]
+    gates = []
+    for kind in kinds:
+        ok, why = registry.available(kind)
+        if not ok:
+            gates.append(skipped("server", f"{kind} fp32", "fp32", task.primary_metric, why))
+            continue
+        log.info("[server] %s fp32 row", kind)
+        gates.append(_guarded(task, f"{kind} fp32", "fp32", lambda: _tuned_row(ctx, task, kind, onnx_file, args,
+                                                                              served, tuning)))
+        if "int8" in sc.precisions:
+            log.info("[server] %s int8 row", kind)
+            gates.append(_guarded(task, f"{kind} int8", "int8",
+                                  lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args)))
+        if kind == "onnxruntime":
+            gates += _ort_gpu_rows(ctx, task, onnx_file, args)
+    return gates
+
+
+def _guarded(task, subject: str, prec: str, fn) -> Gate:
+    try:
+        return fn()
+    except PipelineError as exc:
+        return Gate("server", subject, prec, "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+
+
+def _tuned_row(ctx, task, kind, onnx_file, args, served, tuning) -> Gate:
+    x, ref_out, labels, ref_metric = args
+    eng, tuning[kind] = _tune(ctx, kind, onnx_file, x)
+    served[kind] = eng
+    return _row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["fp32"], "fp32")
+
+
+def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args) -> Gate:
+    from pipeline.engines import ort, ov, registry
+
+    x, ref_out, labels, ref_metric = args
+    q, threads = ctx.cfg.server.quant, _threads(ctx.cfg)
+    if kind == "onnxruntime":
+        model = ctx.out_dir / "onnx" / "model_int8.onnx"
+        qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=q.batch_size, batch_nums=q.batch_nums)
+    else:
+        ok, why = ov.nncf_status()
+        if not ok:
+            return skipped("server", f"{kind} int8", "int8", task.primary_metric, why)
+        model = ctx.out_dir / "openvino" / "model_int8.xml"
+        qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=q.batch_size, batch_nums=q.batch_nums)
+    eng = registry.make(kind, model, "int8", threads=threads)
+    gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["int8"], "int8")
+    gate.extra["ptq"] = qinfo
+    return gate
+
+
+def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
+    """CUDA / TensorRT execution providers: run where a GPU build sees a GPU, SKIPPED (not run here) elsewhere."""
+    from pipeline.engines.ort import OrtEngine, provider_status
+
+    x, ref_out, labels, ref_metric = args
+    rows = []
+    for p in ctx.cfg.server.onnx.gpu_providers:
+        subject = f"onnxruntime {p} fp32"
+        ok, why = provider_status(p)
+        if not ok:
+            rows.append(skipped("server", subject, "fp32", task.primary_metric, why))
+            continue
+        rows.append(_guarded(task, subject, "fp32", lambda: _row(
+            ctx, task, f"{p} fp32", OrtEngine(onnx_file, provider=p), x, ref_out, labels, ref_metric,
+            ctx.cfg.server.gates["fp32"], "fp32")))
+    return rows
+
+
+def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
+    """Rank the tuned fp32 engines that passed their gates, interleaved, and pick the fastest."""
+    from pipeline.engines import registry
+
+    sc = ctx.cfg.server
+    rows = registry.rank(candidates, x, batch_size=sc.perf.batch_size, warmup=sc.perf.warmup,
+                         repeats=max(sc.perf.repeats, 50), rounds=sc.tuning.rounds)
+    key = (lambda r: r["latency_ms"]["p50"]) if sc.recommend.by == "latency" else (lambda r: -r["throughput_sps"])
+    best = min(rows, key=key)
+    model = {"paddle-inference": "server/fp32/inference"}.get(best["engine"], "server/onnx/model.onnx")
+    log.info("[server] recommended engine: %s (batch-1 p50 %.3f ms, %.0f samples/s at batch %d; ranked by %s)",
+             best["engine"], best["latency_ms"]["p50"], best["throughput_sps"], sc.perf.batch_size, sc.recommend.by)
+    return {"engine": best["engine"], "precision": "fp32", "model": model, "by": sc.recommend.by,
+            "settings": tuning.get(best["engine"], {}), "ranking": rows,
+            "tuning": tuning}
+
+
+def _http_row(ctx, ref, threads, engine=None) -> Gate:
     """The HTTP service users will run, started on a free local port and gated like an engine."""
     from pipeline.serve import http_gate
 
@@ -128,7 +260,7 @@ def _http_row(ctx, ref, threads) -> Gate:
         infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
                      "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
         res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
-                        threads=threads)
+                        threads=threads, engine=engine)
     except PipelineError as exc:
         return Gate("server", subject, "fp32", "none", task.primary_metric, status=FAIL, reason=exc.one_line())
     n = res["n"]
@@ -136,7 +268,7 @@ def _http_row(ctx, ref, threads) -> Gate:
                 reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])
     # images go through PNG decode + preprocessing on the server: same code path, same tolerance as fp32
     evaluate(gate, res["outputs"], ref_out[:n], sc.gates["fp32"].atol, res["metric"], sc.gates["fp32"].metric_delta)
-    gate.extra.update(latency_ms=res["latency_ms"], requests=n)
+    gate.extra.update(latency_ms=res["latency_ms"], requests=n, engine=res["engine"])
     gate.seconds = round(time.perf_counter() - t0, 2)
     return gate
 

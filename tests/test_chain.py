@@ -109,7 +109,8 @@ def test_rerun_is_cached(smoke_run):
 def test_impossible_tolerance_fails_loudly_and_keeps_outputs(smoke_run):
     run_dir, _, args, _ = smoke_run
     before = (run_dir / "export" / "manifest.json").read_text()
-    res = cli("run", "server", *args, "-o", "server.gates.fp16.atol=1e-12", "-o", "server.precisions=[fp32,fp16]")
+    res = cli("run", "server", *args, "-o", "server.gates.fp16.atol=1e-12", "-o", "server.precisions=[fp32,fp16]",
+              "-o", "server.engines=[paddle-inference]")
     assert res.returncode != 0
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "server" in errors[0] and "max_abs_diff" in errors[0] and "1e-12" in errors[0]
@@ -126,7 +127,8 @@ def test_missing_input_names_the_target(tmp_path):
 
 def test_int8_failure_ranks_sensitive_layers(smoke_run):
     run_dir, _, args, _ = smoke_run
-    res = cli("run", "server", *args, "-o", "server.gates.int8.atol=1e-9", "-o", "server.precisions=[fp32,int8]")
+    res = cli("run", "server", *args, "-o", "server.gates.int8.atol=1e-9", "-o", "server.precisions=[fp32,int8]",
+              "-o", "server.engines=[paddle-inference]")
     assert res.returncode != 0
     man = json.loads((run_dir / "server.failed" / "manifest.json").read_text())
     int8 = next(g for g in man["gates"] if g["subject"] == "paddle-inference int8")

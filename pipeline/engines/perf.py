@@ -41,10 +41,11 @@ def summarize_ms(times_ms) -> dict:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(t.mean())}
 
 
-def latency_ms(run_fn: RunFn, x: np.ndarray, warmup: int = 5, repeats: int = 50) -> dict:
-    """Per-call wall time of run_fn(x): p50/p90/p99/mean in milliseconds."""
+def latency_ms(run_fn: RunFn, x: np.ndarray, warmup: int = 5, repeats: int = 50, raw: bool = False):
+    """Per-call wall time of run_fn(x): p50/p90/p99/mean in milliseconds (raw=True: the list of times)."""
     _check_counts(warmup, repeats)
-    return summarize_ms(_timed(run_fn, x, warmup, repeats) * 1e3)
+    t = _timed(run_fn, x, warmup, repeats) * 1e3
+    return t.tolist() if raw else summarize_ms(t)
 
 
 def throughput(run_fn: RunFn, x: np.ndarray, warmup: int = 2, repeats: int = 10) -> float:

@@ -1,0 +1,140 @@
+"""ONNX Runtime engine (CPU execution provider; CUDA / TensorRT providers on GPU machines) and
+static int8 quantization from the same calibration data as PaddleSlim PTQ.
+
+Precision evidence for int8 is read from the graph ORT really executes (its optimized model): QDQ
+pairs folded into QLinearConv/QLinearMatMul/ConvInteger... mean int8 kernels ran; QDQ nodes left
+standing mean fp32 math on int8-rounded values, which is labelled "int8-simulated", never "int8".
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.engines.base import Engine
+from pipeline.errors import ConfigError, MissingArtifact, PipelineError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+_INT8_KERNELS = {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd",
+                 "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearMul", "MatMulIntegerToFloat",
+                 "DynamicQuantizeMatMul"}
+
+
+def provider_status(provider: str) -> tuple[bool, str]:
+    """(runnable here, why). GPU providers need an onnxruntime-gpu build and a visible device."""
+    import onnxruntime as ort
+
+    name = PROVIDERS.get(provider)
+    if name is None:
+        raise ConfigError(f"unknown ONNX Runtime provider {provider!r}", hint=f"one of {', '.join(PROVIDERS)}")
+    avail = ort.get_available_providers()
+    if name not in avail:
+        return False, f"not run here: {name} is not in this onnxruntime build ({', '.join(avail)})"
+    if provider != "cpu":
+        from pipeline import env
+
+        if not env.capabilities()["gpu"]:
+            return False, f"not run here: {name} is built in but no GPU is visible"
+    return True, f"{name} available"
+
+
+class OrtEngine(Engine):
+    kind = "onnxruntime"
+
+    def __init__(self, onnx_file: str | os.PathLike, *, threads: int = 1, provider: str = "cpu",
+                 label: str = "fp32") -> None:
+        import onnxruntime as ort
+
+        super().__init__()
+        path = Path(onnx_file)
+        if not path.is_file():
+            raise MissingArtifact(f"ONNX model not found: {path}", hint="the server stage writes onnx/model.onnx")
+        ok, why = provider_status(provider)
+        if not ok:
+            raise PipelineError(why)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        with tempfile.TemporaryDirectory(prefix="ort-opt-") as tmp:
+            so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")   # what ORT really runs
+            try:
+                self._sess = ort.InferenceSession(str(path), so, providers=[PROVIDERS[provider]])
+            except Exception as e:  # ORT raises its own Fail/InvalidGraph/... classes
+                raise PipelineError(f"ONNX Runtime could not load {path}: {str(e).splitlines()[0]}") from e
+            ops = _op_counts(so.optimized_model_filepath)
+        inp, outs = self._sess.get_inputs(), self._sess.get_outputs()
+        if len(inp) != 1:
+            raise PipelineError(f"engine supports one input, {path} has {[i.name for i in inp]}")
+        self.input_name, self.output_name = inp[0].name, outs[0].name
+        self.input_shape = [d if isinstance(d, int) else -1 for d in inp[0].shape]
+        self.settings = {"threads": int(threads), "provider": PROVIDERS[provider], "graph_optimization": "all"}
+        int8_ops = {k: v for k, v in ops.items() if k in _INT8_KERNELS}
+        qdq_left = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
+        if label == "int8":
+            self.evidence = {"int8_kernels": int8_ops, "qdq_nodes_left": qdq_left}
+            self.effective_precision = "int8" if int8_ops else "int8-simulated"
+            if not int8_ops:
+                self.notes.append("ORT folded no QDQ pair into an int8 kernel: fp32 math on int8-rounded values")
+        elif label == "fp32":
+            if int8_ops or qdq_left:
+                raise PipelineError(f"{path} holds quantized nodes; load it with label='int8'")
+            self.effective_precision = "fp32"
+        else:
+            raise ConfigError(f"ONNX Runtime rows are fp32 or int8, not {label!r}")
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        return self._sess.run([self.output_name], {self.input_name: x})[0]
+
+
+def _op_counts(onnx_file: str) -> Counter:
+    import onnx
+
+    if not os.path.isfile(onnx_file):
+        return Counter()
+    return Counter(n.op_type for n in onnx.load(onnx_file, load_external_data=False).graph.node)
+
+
+def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, calib: np.ndarray, *,
+                  batch_size: int = 32, batch_nums: int = 10) -> dict:
+    """Static (calibrated) QDQ int8: per-channel int8 weights, uint8 activations.
+
+    Without VNNI, x86 int8 GEMM sums u8*s8 pairs into saturating int16 (vpmaddubsw); ORT's remedy is
+    reduce_range (7-bit weights), applied only where the CPU lacks VNNI.
+    """
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from pipeline.engines.paddle_infer import cpu_has_vnni
+
+    if calib.ndim != 4 or len(calib) == 0:
+        raise ConfigError(f"calibration data must be [N, C, H, W], got {list(calib.shape)}")
+    n = min(len(calib), batch_size * batch_nums)
+    name = OrtEngine(onnx_file).input_name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(range(0, n, batch_size))
+
+        def get_next(self):
+            i = next(self._it, None)
+            return None if i is None else {name: np.ascontiguousarray(calib[i:min(i + batch_size, n)], np.float32)}
+
+    reduce_range = not cpu_has_vnni()
+    out = Path(out_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ortq-", dir=out.parent) as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        quant_pre_process(str(onnx_file), str(pre), skip_symbolic_shape=True)
+        q = Path(tmp) / out.name
+        quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        reduce_range=reduce_range, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax)
+        os.replace(q, out)
+    return {"calibration_samples": int(n), "format": "QDQ", "per_channel": True, "reduce_range": reduce_range,
+            "calibrate_method": "MinMax"}

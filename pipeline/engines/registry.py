@@ -1,0 +1,137 @@
+"""Build any engine by runtime name, tune it per batch profile, and rank engines side by side.
+
+Tuning and ranking measure in interleaved rounds (A, B, C, A, B, C, ...) so that a neighbour's load
+on a shared machine hits every candidate alike; the ranking is then fair even when absolute
+numbers drift.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pipeline.engines.base import Engine, ShapeRouted
+from pipeline.errors import ConfigError
+
+KINDS = ("paddle-inference", "onnxruntime", "openvino")
+
+
+def available(kind: str) -> tuple[bool, str]:
+    """Is the runtime importable here? (Paddle Inference always is: it is the pipeline's base.)"""
+    mod = {"paddle-inference": "paddle", "onnxruntime": "onnxruntime", "openvino": "openvino"}.get(kind)
+    if mod is None:
+        raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
+    try:
+        __import__(mod)
+    except ImportError as e:
+        return False, f"{mod} is not installed ({e}); pip install -r requirements.txt"
+    return True, "ok"
+
+
+def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, threads: int = 1,
+         batch: int | None = None, **paddle_opts) -> Engine:
+    """model: a Paddle prefix for paddle-inference; an .onnx (or OpenVINO .xml) file otherwise.
+    batch: a batch size the instance will always see (OpenVINO compiles it statically)."""
+    if kind == "paddle-inference":
+        from pipeline.engines.paddle_infer import InferenceEngine
+
+        return InferenceEngine(model, precision, threads=threads, **paddle_opts)
+    if kind == "onnxruntime":
+        from pipeline.engines.ort import OrtEngine
+
+        return OrtEngine(model, threads=threads, label=precision)
+    if kind == "openvino":
+        from pipeline.engines.ov import OpenVinoEngine
+
+        return OpenVinoEngine(model, threads=threads, label=precision, static_batch=batch)
+    raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
+
+
+def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, **paddle_opts) -> ShapeRouted:
+    """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads"}, "batchN": {"threads"}})."""
+    one = make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, **paddle_opts)
+    many = make(kind, model, precision, threads=int(settings["batchN"]["threads"]), **paddle_opts)
+    return ShapeRouted(one, many)
+
+
+def batch_of(x: np.ndarray, n: int) -> np.ndarray:
+    return np.ascontiguousarray(np.concatenate([x] * (n // len(x) + 1))[:n])
+
+
+def interleaved_latency(engines: dict[str, Engine], x1: np.ndarray, *, warmup: int, repeats: int,
+                        rounds: int = 5) -> dict[str, dict]:
+    """Batch-1 latency summaries, measured in interleaved rounds."""
+    from pipeline.engines.perf import latency_ms, summarize_ms
+
+    per = max(1, repeats // rounds)
+    times: dict[str, list[float]] = {k: [] for k in engines}
+    for e in engines.values():
+        for _ in range(warmup):
+            e.run(x1)
+    for _ in range(rounds):
+        for k, e in engines.items():
+            lat = latency_ms(e.run, x1, warmup=0, repeats=per, raw=True)
+            times[k].extend(lat)
+    return {k: {**summarize_ms(v), "repeats": len(v)} for k, v in times.items()}
+
+
+def interleaved_throughput(engines: dict[str, Engine], xb: np.ndarray, *, warmup: int, repeats: int,
+                           rounds: int = 5) -> dict[str, float]:
+    """Samples/s at batch len(xb): len(xb) / median call time over interleaved rounds."""
+    from pipeline.engines.perf import latency_ms
+
+    per = max(1, repeats // rounds)
+    times: dict[str, list[float]] = {k: [] for k in engines}
+    for e in engines.values():
+        for _ in range(max(1, warmup)):
+            e.run(xb)
+    for _ in range(rounds):
+        for k, e in engines.items():
+            times[k].extend(latency_ms(e.run, xb, warmup=0, repeats=per, raw=True))
+    return {k: float(len(xb) / (np.median(v) / 1e3)) for k, v in times.items()}
+
+
+def thread_choices(choices: list[int], cores: int) -> list[int]:
+    """Config values (0 = all cores) -> distinct thread counts within 1..cores, in order."""
+    out = [cores if c == 0 else min(int(c), cores) for c in choices]
+    return list(dict.fromkeys(c for c in out if c >= 1)) or [cores]
+
+
+def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, batch_size: int,
+         threads: list[int], warmup: int, repeats: int, rounds: int = 5, **paddle_opts) -> tuple[ShapeRouted, dict]:
+    """Pick threads per batch profile by measurement: the lowest batch-1 p50 and the highest batch-N
+    samples/s. One instance per profile (and per candidate), so no instance alternates shapes."""
+    x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
+    ones = {t: make(kind, model, precision, threads=t, batch=1, **paddle_opts) for t in threads}
+    manys = {t: make(kind, model, precision, threads=t, **paddle_opts) for t in threads}
+    lat = interleaved_latency({str(t): e for t, e in ones.items()}, x1, warmup=warmup, repeats=repeats, rounds=rounds)
+    sps = interleaved_throughput({str(t): e for t, e in manys.items()}, xb, warmup=max(1, warmup // 2),
+                                 repeats=max(rounds, repeats // 5), rounds=rounds)
+    # within 5 % counts as a tie, won by fewer threads: less contention with the server's other work
+    t1 = min(threads, key=lambda t: (lat[str(t)]["p50"] > 1.05 * min(v["p50"] for v in lat.values()), t))
+    tn = min(threads, key=lambda t: (sps[str(t)] < max(sps.values()) / 1.05, t))
+    for t in threads:
+        if t != t1:
+            ones[t].close()
+        if t != tn:
+            manys[t].close()
+    record = {"batch1": {"threads": t1, "p50_ms_by_threads": {str(t): round(lat[str(t)]["p50"], 4) for t in threads}},
+              "batchN": {"threads": tn, "batch": batch_size,
+                         "samples_per_s_by_threads": {str(t): round(sps[str(t)], 1) for t in threads}},
+              "instances": "one per batch profile"}
+    return ShapeRouted(ones[t1], manys[tn]), record
+
+
+def rank(engines: dict[str, Engine], x: np.ndarray, *, batch_size: int, warmup: int, repeats: int,
+         rounds: int = 5) -> list[dict]:
+    """Side by side, interleaved: batch-1 p50 and batch-N samples/s with ratios to the best of each."""
+    x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
+    lat = interleaved_latency(engines, x1, warmup=warmup, repeats=repeats, rounds=rounds)
+    sps = interleaved_throughput(engines, xb, warmup=max(1, warmup // 2), repeats=max(rounds, repeats // 5),
+                                 rounds=rounds)
+    best_lat = min(v["p50"] for v in lat.values())
+    best_sps = max(sps.values())
+    rows = [{"engine": k, "latency_ms": lat[k], "throughput_sps": sps[k], "throughput_batch": batch_size,
+             "p50_vs_fastest": round(lat[k]["p50"] / best_lat, 3), "sps_vs_best": round(sps[k] / best_sps, 3)}
+            for k in engines]
+    return sorted(rows, key=lambda r: r["latency_ms"]["p50"])

@@ -1,0 +1,140 @@
+"""ONNX export + ONNX Runtime / OpenVINO engines behind the one engine interface (tiny CNN, ~20 s).
+
+Precision labels are checked against their evidence, whatever this CPU can do: "int8" only when int8
+kernels really run (ORT: QLinear*/…Integer nodes in the optimized graph; OpenVINO: i8/u8 runtime precision).
+"""
+import zlib  # noqa: F401  (before paddle)
+
+import numpy as np
+import paddle
+import pytest
+
+from pipeline.engines import registry
+from pipeline.engines.base import Engine, ShapeRouted
+from pipeline.engines.onnx_export import export_onnx
+from pipeline.engines.paddle_infer import InferenceEngine
+from pipeline.errors import DataError, EngineCrash, MissingArtifact, PipelineError
+
+ort = pytest.importorskip("onnxruntime")
+ov_mod = pytest.importorskip("openvino")
+
+
+class Tiny(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = paddle.nn.Conv2D(1, 8, 3, padding=1), paddle.nn.BatchNorm2D(8)
+        self.c2 = paddle.nn.Conv2D(8, 16, 3, padding=1)
+        self.pool, self.fc = paddle.nn.MaxPool2D(2), paddle.nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = self.pool(paddle.nn.functional.relu(self.b1(self.c1(x))))
+        x = self.pool(paddle.nn.functional.relu(self.c2(x)))
+        return self.fc(paddle.flatten(x, 1))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    paddle.seed(0)
+    net = Tiny()
+    net.eval()
+    d = tmp_path_factory.mktemp("onnx")
+    prefix = str(d / "inference")
+    paddle.jit.save(net, prefix, input_spec=[paddle.static.InputSpec([None, 1, 16, 16], "float32", "x")])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((48, 1, 16, 16)).astype(np.float32)
+    onnx_file = export_onnx(prefix, d / "onnx" / "model.onnx")
+    return {"prefix": prefix, "dir": d, "x": x, "onnx": onnx_file,
+            "ref": InferenceEngine(prefix, "fp32", threads=1).run(x)}
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime", "openvino"])
+def test_fp32_engines_match_paddle_inference(tiny, kind):
+    eng = registry.make(kind, tiny["onnx"], "fp32", threads=1)
+    assert isinstance(eng, Engine) and eng.kind == kind and eng.effective_precision == "fp32"
+    out = eng.run_batched(tiny["x"], 16)
+    assert out.shape == tiny["ref"].shape and np.abs(out - tiny["ref"]).max() < 1e-4
+    d = eng.describe()
+    assert d["engine"] == kind and d["settings"]["threads"] == 1
+    if kind == "openvino":       # fp32 pinned even where the CPU plugin would pick bf16
+        assert set(eng.evidence["runtime_precision_ops"]) == {"f32"}
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime", "openvino"])
+def test_int8_label_needs_evidence(tiny, kind):
+    from pipeline.engines import ort as ort_engine
+    from pipeline.engines import ov
+
+    calib = tiny["x"][:32]
+    if kind == "onnxruntime":
+        model = tiny["dir"] / "q" / "model_int8.onnx"
+        info = ort_engine.quantize_int8(tiny["onnx"], model, calib, batch_size=16, batch_nums=2)
+        eng = registry.make(kind, model, "int8", threads=1)
+        really_int8 = bool(eng.evidence["int8_kernels"])
+    else:
+        ok, why = ov.nncf_status()
+        if not ok:
+            pytest.skip(why)
+        model = tiny["dir"] / "q" / "model_int8.xml"
+        info = ov.quantize_int8(tiny["onnx"], model, calib, batch_size=16, batch_nums=2)
+        eng = registry.make(kind, model, "int8", threads=1)
+        really_int8 = bool(set(eng.evidence["runtime_precision_ops"]) & {"i8", "u8"})
+    assert info["calibration_samples"] == 32
+    assert eng.effective_precision == ("int8" if really_int8 else "int8-simulated")
+    out = eng.run(tiny["x"][:8])
+    assert np.isfinite(out).all() and out.shape == (8, 10)
+    with pytest.raises(PipelineError):             # a quantized graph is never labelled fp32
+        registry.make(kind, model, "fp32")
+
+
+def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
+    eng, record = registry.tune("onnxruntime", tiny["onnx"], "fp32", tiny["x"], batch_size=16, threads=[1, 2],
+                                warmup=1, repeats=10, rounds=2)
+    assert isinstance(eng, ShapeRouted)
+    assert record["batch1"]["threads"] in (1, 2) and record["batchN"]["threads"] in (1, 2)
+    assert set(record["batch1"]["p50_ms_by_threads"]) == {"1", "2"}
+    seen = []
+    for inst, tag in ((eng.single, "single"), (eng.batched, "batched")):
+        run = inst._run
+        inst._run = lambda x, run=run, tag=tag: (seen.append((tag, len(x))), run(x))[1]
+    eng.run(tiny["x"][:1])
+    eng.run(tiny["x"][:16])
+    assert seen == [("single", 1), ("batched", 16)]
+    assert np.abs(eng.run_batched(tiny["x"], 16) - tiny["ref"]).max() < 1e-4
+    rows = registry.rank({"a": eng, "b": registry.make("openvino", tiny["onnx"])}, tiny["x"], batch_size=16,
+                         warmup=1, repeats=10, rounds=2)
+    assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime", "openvino"])
+def test_bad_input_is_a_data_error(tiny, kind):
+    eng = registry.make(kind, tiny["onnx"])
+    for bad in (tiny["x"][:2].astype(np.float64), tiny["x"][:2, :, :8], tiny["x"][0], tiny["x"][:0]):
+        with pytest.raises(DataError):
+            eng.run(bad)
+
+
+def test_broken_inputs_fail_with_one_line(tiny, tmp_path):
+    with pytest.raises(MissingArtifact):
+        export_onnx(tmp_path / "nope", tmp_path / "m.onnx")
+    (tmp_path / "bad.pdmodel").write_bytes(b"not a program")
+    (tmp_path / "bad.pdiparams").write_bytes(b"")
+    with pytest.raises(EngineCrash, match="paddle2onnx failed"):
+        export_onnx(tmp_path / "bad", tmp_path / "out" / "m.onnx")
+    assert not (tmp_path / "out" / "m.onnx").exists()       # atomic: nothing half-written
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00garbage")
+    for kind in ("onnxruntime", "openvino"):
+        with pytest.raises(PipelineError) as e:
+            registry.make(kind, junk)
+        assert "\n" not in e.value.one_line()
+
+
+def test_gpu_providers_report_not_run_here_without_a_gpu():
+    from pipeline import env
+    from pipeline.engines.ort import provider_status
+
+    for p in ("cuda", "tensorrt"):
+        ok, why = provider_status(p)
+        if not env.capabilities()["gpu"]:
+            assert not ok and why.startswith("not run here")
+    assert provider_status("cpu")[0]
