@@ -136,6 +136,7 @@ class HttpCfg(Section):
 
 class OnnxCfg(Section):
     opset: int = Field(ge=7, le=19)
+    required: bool
     gpu_providers: list[Literal["cuda", "tensorrt"]]
 
 

@@ -150,7 +150,7 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
     """paddle2onnx export, then ONNX Runtime and OpenVINO rows (fp32 tuned and ranked; int8 from the
     same calibration data), each gated against the export like the Paddle Inference rows."""
     from pipeline.engines import registry
-    from pipeline.engines.onnx_export import export_onnx
+    from pipeline.engines.onnx_export import export_onnx, onnx_opset
 
     sc, task = ctx.cfg.server, ref.task
     kinds = [k for k in sc.engines if k != "paddle-inference"]
@@ -160,9 +160,14 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
     try:
         onnx_file = export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset)
     except PipelineError as exc:
-        return [Gate("server", f"{k} fp32", "fp32", "none", task.primary_metric, status=FAIL,
-                     reason=f"ONNX export failed: {exc.one_line()}") for k in kinds]
+        why = f"ONNX export failed: {exc.one_line()}"
+        if sc.onnx.required:
+            return [Gate("server", f"{k} fp32", "fp32", "none", task.primary_metric, status=FAIL,
+                         reason=why + " (server.onnx.required=true)") for k in kinds]
+        return [skipped("server", f"{k} fp32", "fp32", task.primary_metric, why + " (set server.onnx.required=true "
+                        "to fail instead)") for k in kinds]
     gates = []
+    opset = onnx_opset(onnx_file)
     for kind in kinds:
         ok, why = registry.available(kind)
         if not ok:
@@ -177,6 +182,8 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
                                   lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args)))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
+    for g in gates:
+        g.extra["onnx_opset"] = opset
     return gates
 
 

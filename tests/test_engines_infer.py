@@ -45,7 +45,8 @@ def structured(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def tiny(tmp_path_factory):
     """Trained briefly so logits have real margins (argmax agreement is then meaningful)."""
     paddle.seed(0)
-    net = TinyNet()
+    with paddle.utils.unique_name.guard():   # parameter names independent of layers other tests built first
+        net = TinyNet()
     opt = paddle.optimizer.Adam(learning_rate=3e-3, parameters=net.parameters())
     x, y = structured(512, 0)
     for step in range(40):
