@@ -50,11 +50,10 @@ def test_every_engine_row_is_gated_and_honestly_labelled(smoke_bundle):
         g = gates[f"onnxruntime {p} fp32"]
         assert g["status"] == "OK" or (g["status"] == "SKIPPED" and g["reason"].startswith("not run here")), g
     ort8, ov8 = gates["onnxruntime int8"], gates["openvino int8"]
-    if ort8["status"] != "SKIPPED":
-        assert (ort8["precision_effective"] == "int8") == bool(ort8["extra"]["evidence"]["int8_kernels"])
-    if ov8["status"] != "SKIPPED":
-        low = set(ov8["extra"]["evidence"]["runtime_precision_ops"]) & {"i8", "u8"}
-        assert (ov8["precision_effective"] == "int8") == bool(low)
+    if ort8["precision_effective"] == "int8":            # the label needs int8 kernels in ORT's optimized graph
+        assert ort8["extra"]["evidence"]["int8_kernels"], ort8
+    if ov8["precision_effective"] == "int8":             # ... and i8/u8 runtime precision in OpenVINO
+        assert set(ov8["extra"]["evidence"]["runtime_precision_ops"]) & {"i8", "u8"}, ov8
 
 
 def test_bundle_carries_onnx_and_the_measured_recommendation(smoke_bundle):
