@@ -3,25 +3,24 @@
     make train [NPROC=2] [NNODES=2 MASTER=host:port NODE_RANK=i]
       → python -m pipeline run train ...      (the Runner plans the layout: pipeline/layout.py)
       → python -m paddle.distributed.launch --nproc_per_node N [--nnodes 2 --master host:port --rank i]
-            --log_dir <run>/log pipeline/distributed.py --worker -c <run>/log/config.launch.yaml
+            --log_dir <run>/log pipeline/rank_worker.py -c <run>/log/config.launch.yaml
 
 Every worker calls `init_parallel_env()`; the train loop wraps the model in `paddle.DataParallel` and
 each rank takes its share of every global batch (train.batch_size is the global batch). Rank 0 alone
 runs a Runner, so only rank 0 writes the stage output, its manifest and the checkpoints; the other
-ranks write into a throwaway folder. Every rank writes <log>/status.<local rank>.json: RUNNING (with its
-pid) when it starts, its outcome when it ends; a rank that is still RUNNING after the launcher exits
-died without a word (killed, crashed), and the error names it and its log.
+ranks write into a throwaway folder (the rank side is pipeline/rank_worker.py). Every rank writes
+<log>/status.<local rank>.json: RUNNING (with its pid) when it starts, its outcome when it ends; a
+rank that is still RUNNING after the launcher exits died without a word (killed, crashed), and the
+error names it and its log.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -108,7 +107,7 @@ def _launch_cmd(layout, log_dir: Path, cfg_file: Path, force: bool) -> list[str]
                 "--job_id", "pipeline-train"]
     if layout.device == "gpu":
         cmd += ["--devices", ",".join(str(i) for i in range(layout.nproc))]
-    cmd += [str(Path(__file__).resolve()), "--worker", "-c", str(cfg_file)]
+    cmd += [str(Path(__file__).resolve().parent / "rank_worker.py"), "-c", str(cfg_file)]
     return cmd + (["--force"] if force else [])
 
 
@@ -196,8 +195,9 @@ def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[st
         msg = (f"distributed training: rank {rank_of(local)} lost its connection to a peer (a rank on another node "
                f"died or was stopped); its log: {logs[local]}")
     others = [str(logs[i]) for i in statuses if i != local]
-    hint = (f"all ranks stopped (launcher exit code {returncode}); the last good checkpoint is kept in the "
-            f".work/train/checkpoint folder of the run and the next run resumes from it; other logs: "
+    run_dir = log_dir.parent.parent if layout.nnodes > 1 else log_dir.parent
+    hint = (f"all ranks stopped (launcher exit code {returncode}); the last good checkpoint is kept in "
+            f"{run_dir / '.work' / 'train' / 'checkpoint'} and the next run resumes from it; other logs: "
             f"{', '.join(others) or 'none'}, {log_dir}/launch.log")
     return msg, hint
 
@@ -219,127 +219,3 @@ def launch(args) -> int:
     cfg = _load(args)                     # bad config: one line, before any process starts
     layout = plan(cfg, nproc=args.nproc, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank)
     return run_stages(cfg, ["train"], force=args.force, layout=layout)[1]
-
-
-# ---------------------------------------------------------------- a worker (one per process)
-
-class _Terminated(BaseException):
-    """SIGTERM from the launcher (a peer failed): unwind, record it, exit."""
-
-
-def _write_status(log_dir: Path, local: int, rank: int, status: str, code: int = 0, error: str | None = None) -> None:
-    from .artifacts import write_json
-    try:
-        write_json(log_dir / STATUS.format(local), {"rank": rank, "local_rank": local, "pid": os.getpid(),
-                                                    "status": status, "exit_code": code, "error": error})
-    except OSError:
-        pass
-
-
-def _decide_skip(cfg, stage, fp: str, force: bool, rank: int) -> bool:
-    """Rank 0 applies the Runner's skip rule and every rank follows it (nodes may not share a disk)."""
-    import paddle
-    import paddle.distributed as dist
-
-    from .artifacts import load_manifest, verify_outputs
-    from .errors import IntegrityError
-
-    skip = False
-    if rank == 0:
-        current = load_manifest(cfg.run_dir / stage.name)
-        if not force and current and current.get("fingerprint") == fp and current.get("status") == "OK":
-            try:
-                verify_outputs(cfg.run_dir / stage.name, current)
-                skip = True
-            except IntegrityError:
-                pass
-    flag = paddle.to_tensor([1.0 if skip else 0.0])
-    dist.broadcast(flag, src=0)
-    return bool(flag.numpy()[0] > 0.5)
-
-
-def _run_rank(cfg, force: bool, rank: int) -> tuple[str, int, str | None]:
-    from .layout import current
-    from .runner import Runner, StageContext, fingerprint, registry
-
-    layout = current()
-    stage = registry()["train"]
-    fp = fingerprint(cfg, stage, {}, layout.key())
-    skip = _decide_skip(cfg, stage, fp, force, rank)
-    if rank == 0:
-        (outcome,) = Runner(cfg, force=force, layout=layout).run(["train"])
-        err = outcome.error
-        return outcome.status, (err.exit_code if err else 0), (err.one_line() if err else None)
-    if not skip:
-        scratch = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank}-"))
-        try:
-            ctx = StageContext(cfg, stage.name, scratch / "out", cfg.run_dir / ".work" / stage.name, {}, {}, fp, force)
-            ctx.out_dir.mkdir(parents=True)
-            stage.run(ctx)              # same collectives as rank 0; outputs thrown away
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return "OK", 0, None
-
-
-def _worker(argv: list[str]) -> int:
-    import argparse
-    import traceback
-
-    from . import env
-    from .cli import setup_logging
-    from .config import load_config
-    from .errors import PipelineError
-
-    setup_logging()
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", action="store_true")
-    p.add_argument("-c", "--config", action="append", default=[])
-    p.add_argument("--force", action="store_true")
-    args = p.parse_args(argv)
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
-    log_dir = Path(os.environ.get("PADDLE_LOG_DIR", "."))
-    _write_status(log_dir, local, rank, "RUNNING")        # also the readiness signal tests wait on
-
-    def on_term(signum, frame):
-        raise _Terminated()
-    signal.signal(signal.SIGTERM, on_term)
-    status, code, error = "ERROR", 1, None
-    try:
-        cfg = load_config(args.config)
-        env.import_paddle_quietly()
-        import paddle.distributed as dist
-
-        dist.init_parallel_env()
-        status, code, error = _run_rank(cfg, args.force, dist.get_rank())
-    except PipelineError as exc:
-        code, error = exc.exit_code, exc.one_line()
-    except _Terminated:
-        status, code, error = "TERMINATED", 143, "stopped by the launcher (a peer failed)"
-    except KeyboardInterrupt:
-        code, error = 130, "interrupted: finished stage outputs are intact; re-run to resume"
-    except Exception as exc:     # noqa: BLE001 -- a peer's death surfaces here as a gloo/connection error
-        (log_dir / f"traceback.{local}.txt").write_text(traceback.format_exc())
-        status, error = "PEER_LOST" if _peer_error(exc) else "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if error and (rank != 0 or status in ("PEER_LOST", "TERMINATED")):
-        # for the log; the parent prints the one error line (rank 0's stage errors come through its status file)
-        print(f"[rank {rank}] stopped: {error}", file=sys.stderr, flush=True)
-    _write_status(log_dir, local, rank, status, code, error)
-    return code
-
-
-def _peer_error(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return any(w in text for w in ("connection", "gloo", "peer", "socket", "timed out", "broken pipe"))
-
-
-if __name__ == "__main__":
-    # started as a script by paddle.distributed.launch: import the package from the repo root,
-    # never from this folder (pipeline/ would shadow nothing useful and break relative imports)
-    here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    sys.path.insert(0, str(ROOT))
-    import pipeline  # noqa: F401  -- zlib before paddle, CPU tuning before paddle loads
-    from pipeline.distributed import _worker as _main
-
-    sys.exit(_main(sys.argv[1:]))

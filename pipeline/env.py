@@ -46,6 +46,16 @@ TUNED_MARK = "PIPELINE_TUNED_VARS"    # var=value this process set by default (c
 LAUNCHER_MARK = "PIPELINE_TUNING_FROM"   # vars a launcher set on purpose for its ranks (kept)
 
 
+_PROBED: list[float | None] = []
+
+
+def probed_busy() -> float | None:
+    """busy_cores(), measured once per process (the import-time probe, or now)."""
+    if not _PROBED:
+        _PROBED.append(busy_cores())
+    return _PROBED[0]
+
+
 def busy_cores(seconds: float = 0.1) -> float | None:
     """Cores kept busy by other processes, sampled from /proc/stat (this process sleeps meanwhile)."""
     def sample():
@@ -105,7 +115,7 @@ def apply_cpu_tuning() -> dict[str, str]:
         switch = os.environ.get(WAIT_SWITCH, "auto").lower()
         needs_probe = switch not in ("active", "passive") and threads.isdigit() and int(threads) > 1
         policy, reason = choose_wait_policy(int(threads) if threads.isdigit() else 1, switch,
-                                            busy_cores() if needs_probe else None)
+                                            probed_busy() if needs_probe else None)
         if policy:
             wanted["OMP_WAIT_POLICY"] = policy
         why["OMP_WAIT_POLICY"] = reason

@@ -94,18 +94,36 @@ def gpu_count() -> int:
     return int(paddle.device.cuda.device_count())
 
 
-def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
+def _auto(batch: int, cores: int, gpus: int, nnodes: int, busy: float | None = None) -> tuple[int, str]:
+    """Processes where they beat threads. On a quiet multi-core CPU one process per core won (3.0x over
+    1 process x 2 threads on the 2-core box); when other processes already occupy the cores, every
+    all-reduce waits for the rank that was descheduled, and 1 process x all threads (PASSIVE wait) won
+    1.6x instead (make bench-train shows both, in the state the machine is in). `busy`: cores other
+    processes keep busy (the /proc/stat probe); nodes of a multi-node run are taken as dedicated."""
     if gpus:
         return gpus, f"train.nproc=auto: one process per GPU ({gpus} visible)"
     if cores < 2:
         return 1, "train.nproc=auto: one CPU core"
     fits = [k for k in range(cores, 0, -1) if batch % (k * nnodes) == 0 and batch // (k * nnodes) >= MIN_RANK_BATCH]
-    k = fits[0] if fits else 1
-    if k == 1:
+    if not fits or fits[0] == 1:
         return 1, (f"train.nproc=auto: train.batch_size {batch} does not split into >= {MIN_RANK_BATCH}-sample shares "
                    f"over {cores} processes per node; threads instead")
-    return k, (f"train.nproc=auto: {cores}-core CPU, data-parallel processes beat threads for Paddle CPU "
-               f"training (make bench-train)")
+    if nnodes == 1 and busy is not None:
+        free = int(cores - busy + 0.5)
+        fits = [k for k in fits if k <= free]
+        if not fits or fits[0] == 1:
+            return 1, (f"train.nproc=auto: probe saw {busy:.1f} of {cores} cores busy with other processes: one "
+                       f"process x {cores} threads (ranks would wait for each other's share of the cores)")
+        if fits[0] < cores:
+            return fits[0], (f"train.nproc=auto: probe saw {busy:.1f} of {cores} cores busy: {fits[0]} processes "
+                             f"on the free cores")
+    quiet = f", probe saw {busy:.1f} busy" if busy is not None and nnodes == 1 else ""
+    return fits[0], (f"train.nproc=auto: {cores}-core CPU{quiet}: data-parallel processes beat threads for Paddle "
+                     f"CPU training (make bench-train)")
+
+
+def is_auto(layout_record: dict | None) -> bool:
+    return bool(layout_record) and str(layout_record.get("reason", "")).startswith("train.nproc=auto")
 
 
 def _check_nodes(nnodes: int, master: str | None, node_rank: int | None) -> None:
@@ -129,7 +147,7 @@ def plan(cfg, nproc: int | str | None = None, nnodes: int = 1, master: str | Non
     cores = env.cpu_count()
     gpus = 0 if cfg.train.device == "cpu" else gpu_count()
     if requested == "auto":
-        n, why = _auto(cfg.train.batch_size, cores, gpus, nnodes)
+        n, why = _auto(cfg.train.batch_size, cores, gpus, nnodes, env.probed_busy() if not gpus and cores > 1 else None)
     else:
         n = int(requested)
         if n < 1:

@@ -23,6 +23,7 @@ from .artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, st
 from .config import Config, save_resolved
 from .errors import ConfigError, GateFailed, IntegrityError, MissingArtifact, PipelineError
 from .gates import FAIL, OK, Gate
+from .layout import is_auto
 
 log = logging.getLogger("pipeline")
 
@@ -192,16 +193,12 @@ class Runner:
             return Outcome(stage.name, "ERROR", error=exc)
         fp = fingerprint(self.cfg, stage, manifests, layout.key() if layout else None)
         final = self.run_dir / stage.name
-        current = load_manifest(final)
-        if layout is not None and layout.needs_launch and layout.nnodes > 1:
-            current = None            # node 0's rank 0 decides for every node (their run folders may differ)
-        if current and not self.force and current.get("fingerprint") == fp and current.get("status") == OK:
-            try:
-                verify_outputs(final, current)
-                log.info("[%s] up to date (fingerprint %s), skipped; FORCE=1 re-runs it", stage.name, fp)
-                return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
-            except IntegrityError as exc:
-                log.warning("[%s] cached output is damaged (%s); re-running", stage.name, exc.message)
+        # several nodes: their rank 0 on node 0 decides for all (run folders may differ between nodes)
+        current = None if layout is not None and layout.needs_launch and layout.nnodes > 1 else \
+            self.up_to_date(stage, manifests, layout, fp)
+        if current is not None:
+            log.info("[%s] up to date (fingerprint %s), skipped; FORCE=1 re-runs it", stage.name, current["fingerprint"])
+            return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
         if layout is not None and layout.needs_launch:
             return self._launched(stage, layout, t0)
         for leftover in self.run_dir.glob(f".tmp-{stage.name}-*"):   # from a kill -9 mid-stage
@@ -229,6 +226,25 @@ class Runner:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
+
+    def up_to_date(self, stage: Stage, manifests: dict, layout, fp: str) -> dict | None:
+        """The current output's manifest if it may be reused (verified on disk), else None."""
+        current = load_manifest(self.run_dir / stage.name)
+        if not current or self.force or current.get("status") != OK:
+            return None
+        accepted = {fp}
+        if layout is not None and is_auto(layout.record()) and is_auto(current.get("info", {}).get("layout")):
+            # auto picks the layout by the machine's state; any layout auto picked satisfies auto (same
+            # config, code and inputs; results equal within noise), so a load change does not retrain
+            accepted.add(fingerprint(self.cfg, stage, manifests, current.get("layout_key")))
+        if current.get("fingerprint") not in accepted:
+            return None
+        try:
+            verify_outputs(self.run_dir / stage.name, current)
+        except IntegrityError as exc:
+            log.warning("[%s] cached output is damaged (%s); re-running", stage.name, exc.message)
+            return None
+        return current
 
     def _gate_fail(self, stage: Stage, manifest: dict, t0: float) -> Outcome:
         first = next(Gate.from_dict(g) for g in manifest["gates"] if g["status"] == FAIL)

@@ -196,7 +196,8 @@ def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None, e
     try:
         for epoch in range(start_epoch, tr.epochs):
             epoch_seed = cfg.seed * 1000 + epoch
-            paddle.seed(epoch_seed)                   # dropout etc. independent of where we resumed
+            # dropout etc. independent of where we resumed; each rank its own stream (rank 0's = one process's)
+            paddle.seed(epoch_seed + rank * 7_919_000)
             order = np.random.default_rng(epoch_seed).permutation(n)
             t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(sched.get_lr())
             bar = tqdm(range(steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",

@@ -208,7 +208,8 @@ class Row:
 
 
 def rows(args, cores: int):
-    """(name, kind, nproc, env) for every layout measured; the chosen layout comes from pipeline/layout.py."""
+    """(name, kind, nproc, env, pipeline env) for every row; the trainer runs in 1 process and in
+    processes, and the layout `train.nproc: auto` picks right now (pipeline/layout.py) is marked."""
     from pipeline.config import load_config
     from pipeline.distributed import _child_env
     from pipeline.layout import plan
@@ -225,11 +226,16 @@ def rows(args, cores: int):
     # the trainer with the tuning this process chose at import (its wait-policy probe ran before any row started)
     own = {**env.APPLIED_TUNING, env.LAUNCHER_MARK: ",".join(env.APPLIED_TUNING),
            "PIPELINE_TUNING_WHY": json.dumps(env.TUNING_WHY)}
-    out.append(("trainer, 1 process, pipeline tuning", "trainer", 1, None, own))
     cfg = load_config([ROOT / "configs" / "chars.yaml"], [f"train.batch_size={args.batch}"])
     chosen = plan(cfg)
-    launcher_env = {k: v for k, v in _child_env(chosen).items() if k in (*STRIP, "PIPELINE_LAYOUT_REASON")}
-    out.append((f"trainer, chosen layout ({chosen.describe()})", "trainer", chosen.world, None, launcher_env))
+    layouts = [plan(cfg, nproc=1)] + ([plan(cfg, nproc=cores)] if cores > 1 and args.batch % cores == 0 else [])
+    if chosen.key() not in [l.key() for l in layouts]:
+        layouts.append(chosen)
+    for lay in layouts:
+        mark = "  ◀ auto" if lay.key() == chosen.key() else ""
+        tuned = own if lay.world == 1 else \
+            {k: v for k, v in _child_env(lay).items() if k in (*STRIP, "PIPELINE_LAYOUT_REASON")}
+        out.append((f"trainer {lay.describe()}{mark}", "trainer", lay.world, None, tuned))
     return out, chosen
 
 
@@ -286,9 +292,10 @@ def report(args) -> int:
                   r.env.get("OMP_WAIT_POLICY") or "default", f"{sps[r.name]:.0f}",
                   f"{min(res[r.name]):.0f} … {max(res[r.name]):.0f}", f"{sps[r.name] / base:.2f}x")
     console.print(t)
-    trainer = sps[live[-1].name]
-    same = next((sps[n] for n, k, p_, e, tu in specs if k == "plain" and p_ == chosen.world and
-                 (e or {}).get("OMP_NUM_THREADS") == str(chosen.threads)), None)
+    auto = next(r for r in live if r.name.endswith("◀ auto"))
+    trainer = sps[auto.name]
+    same = next((sps[r.name] for r in live if r.kind == "plain" and r.nproc == auto.nproc and
+                 all(r.env.get(k) == auto.env.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"))), None)
     v = Table(title="ratios (same run)", header_style="bold")
     for col in ("ratio", "value", "goal", "verdict"):
         v.add_column(col)
@@ -300,8 +307,11 @@ def report(args) -> int:
         v.add_row("trainer / plain loop in the same layout", f"{r1:.2f}x", ">= 1.0x",
                   "[green]met[/]" if r1 >= 1.0 else ("[yellow]within noise (5%)[/]" if r1 >= 0.95 else "[red]missed[/]"))
     if cores > 1:
-        procs, threads = sps[f"plain {cores} procs × 1 thread"], sps[f"plain 1 proc × {cores} threads, OpenMP default wait"]
-        v.add_row(f"{cores} procs × 1 thread / 1 proc × {cores} threads (plain)", f"{procs / threads:.2f}x", "", "")
+        procs = sps[f"plain {cores} procs × 1 thread"]
+        best = max(("OpenMP default wait", "ACTIVE", "PASSIVE"), key=lambda w: sps[f"plain 1 proc × {cores} threads, {w}"])
+        threads = sps[f"plain 1 proc × {cores} threads, {best}"]
+        v.add_row(f"{cores} procs × 1 thread / 1 proc × {cores} threads ({best}, the best wait) (plain)",
+                  f"{procs / threads:.2f}x", "", "processes win" if procs > threads else "threads win")
         act, pas = sps[f"plain 1 proc × {cores} threads, ACTIVE"], sps[f"plain 1 proc × {cores} threads, PASSIVE"]
         v.add_row("ACTIVE / PASSIVE wait (1 proc, all threads)", f"{act / pas:.2f}x", "",
                   "machine busy: PASSIVE should win" if max(load0[0], load1[0]) > 0.5 * cores else "quiet: ACTIVE should win")

@@ -79,6 +79,11 @@ def test_auto_layout_rule():
     assert _auto(30, 2, 0, 1)[0] == 1                      # 15-sample shares: threads instead
     assert _auto(128, 8, 4, 1)[0] == 4                     # one per GPU
     assert "processes beat threads" in _auto(128, 2, 0, 1)[1]
+    # the load probe: ranks sharing cores with other processes wait for each other, threads win there
+    assert _auto(128, 2, 0, 1, busy=0.2)[0] == 2
+    assert _auto(128, 2, 0, 1, busy=1.5)[0] == 1 and "busy" in _auto(128, 2, 0, 1, busy=1.5)[1]
+    assert _auto(128, 8, 0, 1, busy=3.0)[0] == 4                       # the free cores, batch still splits
+    assert _auto(128, 2, 0, 2, busy=2.0)[0] == 2                       # nodes of a cluster: dedicated
 
 
 def test_layout_is_in_the_fingerprint_but_not_train_nproc_itself():
@@ -164,17 +169,38 @@ def test_two_processes_make_one_set_of_artifacts(two_procs):
     assert "2 processes × 1 thread" in res.stderr and "train layout: 2 processes × 1 thread" in res.stdout
 
 
-def test_one_process_output_is_not_up_to_date_for_two_but_export_accepts_it(two_procs, tmp_path):
+def test_same_layout_is_up_to_date_another_is_not_and_export_takes_either(two_procs):
     run, _ = two_procs
     res = cli("run", "train", root=run.parent, over=["train.nproc=2"])        # same layout: skipped, no launch
     assert res.returncode == 0 and "up to date" in res.stderr and "launching" not in res.stderr, res.stderr[-2000:]
-    from pipeline.runner import Runner, registry
+    from pipeline.layout import plan
+    from pipeline.runner import Runner, fingerprint, registry
 
     cfg = tiny_cfg(f"run.root={run.parent}", "run.name=r", "train.nproc=1")   # another layout asked for...
+    assert fingerprint(cfg, registry()["train"], {}, plan(cfg).key()) != load_manifest(run / "train")["fingerprint"]
     runner = Runner(cfg)
     assert runner._expected_fingerprint(registry()["train"]) == load_manifest(run / "train")["fingerprint"]
     dirs, _ = runner._inputs(registry()["export"])                              # ...export still takes it
     assert dirs["train"] == run / "train"
+
+
+def test_any_layout_auto_picked_satisfies_auto(two_procs, tmp_path, monkeypatch):
+    """auto follows the machine's load; a load change must not retrain an up-to-date output."""
+    import shutil
+
+    from pipeline import layout as layout_mod
+    from pipeline.artifacts import write_json
+    from pipeline.runner import Runner
+
+    run = tmp_path / "r"
+    shutil.copytree(two_procs[0], run)
+    man = load_manifest(run / "train")
+    man["info"]["layout"]["reason"] = "train.nproc=auto: (recorded by a quiet machine)"
+    write_json(run / "train" / "manifest.json", man)
+    busy = layout_mod.Layout(nproc=1, threads=2, reason="train.nproc=auto: probe saw 2.0 of 2 cores busy")
+    monkeypatch.setattr(layout_mod, "plan", lambda cfg, **kw: busy)
+    (outcome,) = Runner(tiny_cfg(f"run.root={tmp_path}", "run.name=r", "train.nproc=auto")).run(["train"])
+    assert outcome.status == "CACHED"
 
 
 def _free_port() -> int:
