@@ -91,6 +91,8 @@ def snapshot(e: corpus.Env) -> dict[str, str]:
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """cli.main in this process, stdout/stderr captured (the pipeline logger writes to the capture too)."""
+    import paddle
+
     from pipeline import cli
 
     cli.setup_logging()
@@ -98,7 +100,8 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     old = handler.setStream(err)
     try:
-        with redirect_stdout(out), redirect_stderr(err):
+        # a fresh layer-name scope: models built here must not shift the names later tests see
+        with redirect_stdout(out), redirect_stderr(err), paddle.utils.unique_name.guard():
             try:
                 code = cli.main([str(a) for a in argv])
             except SystemExit as exc:            # argparse
