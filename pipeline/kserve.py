@@ -74,9 +74,12 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
 
     async def infer(model: str, request: Request, version: str | None = None):
         check_model(model, version)
-        body = await request.body()
-        if len(body) > max_body:
-            raise V2Error(400, f"request body is {len(body)} bytes; the limit is {max_body}")
+        from .serve import _BadRequest, read_body
+
+        try:                      # streamed and capped: an oversized body is refused before it is all in memory
+            body = await read_body(request, max_body)
+        except _BadRequest as exc:
+            raise V2Error(exc.status, exc.message) from None
         doc, binary = _split_body(body, request.headers.get(HEADER_LEN))
         x = _input_tensor(doc, binary, input_name, shape_meta)
         try:

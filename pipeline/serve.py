@@ -226,10 +226,11 @@ def _probe_ms(engine) -> float | None:
     return float(np.median(times[2:]) * 1e3)
 
 
-async def _read_body(request, max_body: int) -> bytes:
+async def read_body(request, max_body: int) -> bytes:
+    """The request body, refused with 413 at the first byte past max_body (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body:
-        raise _BadRequest(413, f"request body is {int(declared)} bytes; the limit is {max_body}")
+        raise _BadRequest(413, f"request body is {int(declared)} bytes; the limit is {max_body} (serve.max_body_bytes)")
     from starlette.requests import ClientDisconnect
 
     chunks, size = [], 0
@@ -237,7 +238,7 @@ async def _read_body(request, max_body: int) -> bytes:
         async for chunk in request.stream():    # chunked uploads have no content-length: count as we go
             size += len(chunk)
             if size > max_body:
-                raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit")
+                raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit (serve.max_body_bytes)")
             chunks.append(chunk)
     except ClientDisconnect:                     # nobody to answer, but no traceback in the log either
         raise _BadRequest(400, f"client disconnected after {size} bytes of the body") from None
@@ -249,7 +250,7 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_p
 
     from .preprocess import ImageTooLarge, decode_image_bytes, to_tensor
 
-    body = await _read_body(request, max_body)
+    body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()

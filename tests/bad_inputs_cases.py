@@ -530,6 +530,36 @@ HTTP = [
              "content": _jpeg()[:60], "headers": {"content-type": "image/jpeg"}}, 400, ("not a readable",)),
 ]
 
+def _v2(e: Env, doc=None, content: bytes | None = None, model: str | None = None) -> dict:
+    req = {"method": "POST", "url": f"/v2/models/{model or e.bundle.name}/infer"}
+    if content is not None:
+        return {**req, "content": content, "headers": {"content-type": "application/json"}}
+    return {**req, "json": doc}
+
+
+def _v2_input(shape, data=None, datatype="FP32") -> dict:
+    n = int(np.prod(shape))
+    return {"inputs": [{"name": "x", "datatype": datatype, "shape": shape,
+                        "data": data if data is not None else [0.0] * n}]}
+
+
+HTTP += [
+    HttpCase("v2-unknown-model", "KServe v2 infer on a model that is not served",
+             lambda e: _v2(e, _v2_input([1, 1, 32, 32]), model="nope"), 404, ("nope",), category="serve: KServe v2"),
+    HttpCase("v2-not-json", "KServe v2 infer body that is not JSON", lambda e: _v2(e, content=b"{oops"), 400,
+             ("not valid JSON",), category="serve: KServe v2"),
+    HttpCase("v2-datatype", "KServe v2 tensor of datatype INT64", lambda e: _v2(e, _v2_input([1, 1, 32, 32], datatype="INT64")),
+             400, ("FP32",), category="serve: KServe v2"),
+    HttpCase("v2-shape", "KServe v2 tensor of the wrong shape", lambda e: _v2(e, _v2_input([1, 3, 8, 8])), 400,
+             ("shape",), category="serve: KServe v2"),
+    HttpCase("v2-count", "KServe v2 shape and data that disagree", lambda e: _v2(e, _v2_input([1, 1, 32, 32], [0.0])),
+             400, ("values",), category="serve: KServe v2"),
+    HttpCase("v2-nan", "KServe v2 tensor with NaN", lambda e: _v2(e, content=json.dumps(
+             _v2_input([1, 1, 32, 32], [float("nan")] * 1024)).encode()), 400, ("NaN",), category="serve: KServe v2"),
+    HttpCase("v2-too-big", "KServe v2 body over serve.max_body_bytes", lambda e: _v2(e, content=b"{" + b" " * (5 << 20)),
+             413, ("serve.max_body_bytes",), category="serve: KServe v2"),
+]
+
 PROC = [
     ProcCase("make-colon", "make O=", "make train O='model.args={scale:0.5}' (the README's old example)",
              lambda e: ["make", "--no-print-directory", "train", "O=model.args={scale:0.5}"], ("{scale: 0.5}",)),
