@@ -117,7 +117,7 @@ serve: $(STAMP)
 	$(PY) -m pipeline serve "$$b" --port $(PORT) $(KEYARG) -O "$$O"
 
 bench-deploy: $(STAMP)
-	$(PY) scripts/bench_deploy.py -c $(CONFIG) $(foreach o,$(O),-o $(o))
+	$(PY) scripts/bench_deploy.py -c $(CONFIG) -O "$$O"
 
 bench: bench-train amp-bench bench-deploy
 

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 import pipeline  # noqa: E402,F401  (zlib + CPU tuning before paddle)
 from pipeline import env  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
+from pipeline.config import load_config, split_overrides  # noqa: E402
 from pipeline.engines.base import Engine  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
 
@@ -191,6 +191,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-c", "--config", action="append", default=["configs/chars.yaml"])
     ap.add_argument("-o", "--override", action="append", default=[])
+    ap.add_argument("-O", "--overrides", default="", help="several overrides in one shell-quoted string (make O=...)")
     ap.add_argument("--ocr-config", default="configs/ocr_rec.yaml", help="second model ('' to skip)")
     ap.add_argument("--batch", type=int, default=64, help="throughput batch (0 = server.perf.batch_size)")
     ap.add_argument("--repeats", type=int, default=300, help="timed batch-1 calls per engine")
@@ -201,6 +202,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--no-http", action="store_true")
     a = ap.parse_args()
+    a.override = split_overrides(a.overrides) + a.override      # as the CLI reads O: quotes, {k: v} values
     env.import_paddle_quietly()
     from rich.console import Console
 
