@@ -152,6 +152,7 @@ def two_procs(tmp_path_factory):
     return root / "r", res
 
 
+@pytest.mark.slow
 def test_two_processes_make_one_set_of_artifacts(two_procs):
     run, res = two_procs
     man = load_manifest(run / "train")
@@ -169,6 +170,7 @@ def test_two_processes_make_one_set_of_artifacts(two_procs):
     assert "2 processes × 1 thread" in res.stderr and "train layout: 2 processes × 1 thread" in res.stdout
 
 
+@pytest.mark.slow
 def test_same_layout_is_up_to_date_another_is_not_and_export_takes_either(two_procs):
     run, _ = two_procs
     res = cli("run", "train", root=run.parent, over=["train.nproc=2"])        # same layout: skipped, no launch
@@ -184,6 +186,7 @@ def test_same_layout_is_up_to_date_another_is_not_and_export_takes_either(two_pr
     assert dirs["train"] == run / "train"
 
 
+@pytest.mark.slow
 def test_any_layout_auto_picked_satisfies_auto(two_procs, tmp_path, monkeypatch):
     """auto follows the machine's load; a load change must not retrain an up-to-date output."""
     import shutil
@@ -209,6 +212,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_match_two_processes_on_one(two_procs, tmp_path):
     run2, _ = two_procs
     master = f"127.0.0.1:{_free_port()}"
@@ -230,6 +234,7 @@ def test_two_nodes_on_loopback_match_two_processes_on_one(two_procs, tmp_path):
     assert abs(man["metrics"]["accuracy"] - ref["metrics"]["accuracy"]) <= 1 / 64 + 1e-9
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_fails_the_run_and_keeps_the_checkpoint(tmp_path):
     run = tmp_path / "r"
     ckpt = run / ".work" / "train" / "checkpoint"
