@@ -2,8 +2,9 @@
 
 `train.nproc: auto` runs one process per core with one thread each on a multi-core CPU (one per
 GPU on a GPU machine): Paddle's CPU kernels on small models scale poorly with threads, while
-data-parallel processes share nothing but one gradient all-reduce per step (`make bench-train`
-measures both side by side: processes won 3.0x on the 2-core box). `train.batch_size` is the
+data-parallel processes share nothing but one gradient all-reduce per step (processes won 3.0x on
+a quiet 2-core box and 1.5-2x in full trainings on the same box under heavy load; `make
+bench-train` measures the layouts side by side). `train.batch_size` is the
 global batch, so the layout changes speed, not the training recipe.
 
 The layout is part of the train fingerprint (BatchNorm batch statistics and float reduction order
@@ -94,12 +95,11 @@ def gpu_count() -> int:
     return int(paddle.device.cuda.device_count())
 
 
-def _auto(batch: int, cores: int, gpus: int, nnodes: int, busy: float | None = None) -> tuple[int, str]:
-    """Processes where they beat threads. On a quiet multi-core CPU one process per core won (3.0x over
-    1 process x 2 threads on the 2-core box); when other processes already occupy the cores, every
-    all-reduce waits for the rank that was descheduled, and 1 process x all threads (PASSIVE wait) won
-    1.6x instead (make bench-train shows both, in the state the machine is in). `busy`: cores other
-    processes keep busy (the /proc/stat probe); nodes of a multi-node run are taken as dedicated."""
+def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
+    """Processes where they beat threads: one process per core with one thread each on a multi-core CPU
+    (3.0x over 1 process x 2 threads on a quiet 2-core box; 1.5-2x in full 6-epoch trainings on the
+    same box under heavy load from other jobs, where PASSIVE threads were the best thread layout),
+    one per GPU; never shares of the global batch smaller than MIN_RANK_BATCH."""
     if gpus:
         return gpus, f"train.nproc=auto: one process per GPU ({gpus} visible)"
     if cores < 2:
@@ -108,18 +108,8 @@ def _auto(batch: int, cores: int, gpus: int, nnodes: int, busy: float | None = N
     if not fits or fits[0] == 1:
         return 1, (f"train.nproc=auto: train.batch_size {batch} does not split into >= {MIN_RANK_BATCH}-sample shares "
                    f"over {cores} processes per node; threads instead")
-    if nnodes == 1 and busy is not None:
-        free = int(cores - busy + 0.5)
-        fits = [k for k in fits if k <= free]
-        if not fits or fits[0] == 1:
-            return 1, (f"train.nproc=auto: probe saw {busy:.1f} of {cores} cores busy with other processes: one "
-                       f"process x {cores} threads (ranks would wait for each other's share of the cores)")
-        if fits[0] < cores:
-            return fits[0], (f"train.nproc=auto: probe saw {busy:.1f} of {cores} cores busy: {fits[0]} processes "
-                             f"on the free cores")
-    quiet = f", probe saw {busy:.1f} busy" if busy is not None and nnodes == 1 else ""
-    return fits[0], (f"train.nproc=auto: {cores}-core CPU{quiet}: data-parallel processes beat threads for Paddle "
-                     f"CPU training (make bench-train)")
+    return fits[0], (f"train.nproc=auto: {cores}-core CPU, data-parallel processes beat threads for Paddle CPU "
+                     f"training (measured on quiet and busy machines, see README)")
 
 
 def is_auto(layout_record: dict | None) -> bool:
@@ -147,7 +137,7 @@ def plan(cfg, nproc: int | str | None = None, nnodes: int = 1, master: str | Non
     cores = env.cpu_count()
     gpus = 0 if cfg.train.device == "cpu" else gpu_count()
     if requested == "auto":
-        n, why = _auto(cfg.train.batch_size, cores, gpus, nnodes, env.probed_busy() if not gpus and cores > 1 else None)
+        n, why = _auto(cfg.train.batch_size, cores, gpus, nnodes)
     else:
         n = int(requested)
         if n < 1:

@@ -234,8 +234,8 @@ class Runner:
             return None
         accepted = {fp}
         if layout is not None and is_auto(layout.record()) and is_auto(current.get("info", {}).get("layout")):
-            # auto picks the layout by the machine's state; any layout auto picked satisfies auto (same
-            # config, code and inputs; results equal within noise), so a load change does not retrain
+            # auto picks the layout from the machine (cores, GPUs, threads); any layout auto picked satisfies
+            # auto (same config, code and inputs; results equal within noise)
             accepted.add(fingerprint(self.cfg, stage, manifests, current.get("layout_key")))
         if current.get("fingerprint") not in accepted:
             return None

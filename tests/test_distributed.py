@@ -79,11 +79,7 @@ def test_auto_layout_rule():
     assert _auto(30, 2, 0, 1)[0] == 1                      # 15-sample shares: threads instead
     assert _auto(128, 8, 4, 1)[0] == 4                     # one per GPU
     assert "processes beat threads" in _auto(128, 2, 0, 1)[1]
-    # the load probe: ranks sharing cores with other processes wait for each other, threads win there
-    assert _auto(128, 2, 0, 1, busy=0.2)[0] == 2
-    assert _auto(128, 2, 0, 1, busy=1.5)[0] == 1 and "busy" in _auto(128, 2, 0, 1, busy=1.5)[1]
-    assert _auto(128, 8, 0, 1, busy=3.0)[0] == 4                       # the free cores, batch still splits
-    assert _auto(128, 2, 0, 2, busy=2.0)[0] == 2                       # nodes of a cluster: dedicated
+    assert _auto(128, 2, 0, 2)[0] == 2                     # 2 nodes x 2 processes: 32-sample shares
 
 
 def test_layout_is_in_the_fingerprint_but_not_train_nproc_itself():
@@ -188,7 +184,8 @@ def test_same_layout_is_up_to_date_another_is_not_and_export_takes_either(two_pr
 
 @pytest.mark.slow
 def test_any_layout_auto_picked_satisfies_auto(two_procs, tmp_path, monkeypatch):
-    """auto follows the machine's load; a load change must not retrain an up-to-date output."""
+    """An output auto made stays up to date for auto when auto would now pick another layout (other cores
+    available, threads set differently): same config, code and inputs, results equal within noise."""
     import shutil
 
     from pipeline import layout as layout_mod
@@ -200,8 +197,8 @@ def test_any_layout_auto_picked_satisfies_auto(two_procs, tmp_path, monkeypatch)
     man = load_manifest(run / "train")
     man["info"]["layout"]["reason"] = "train.nproc=auto: (recorded by a quiet machine)"
     write_json(run / "train" / "manifest.json", man)
-    busy = layout_mod.Layout(nproc=1, threads=2, reason="train.nproc=auto: probe saw 2.0 of 2 cores busy")
-    monkeypatch.setattr(layout_mod, "plan", lambda cfg, **kw: busy)
+    other = layout_mod.Layout(nproc=1, threads=2, reason="train.nproc=auto: one CPU core")
+    monkeypatch.setattr(layout_mod, "plan", lambda cfg, **kw: other)
     (outcome,) = Runner(tiny_cfg(f"run.root={tmp_path}", "run.name=r", "train.nproc=auto")).run(["train"])
     assert outcome.status == "CACHED"
 
