@@ -245,7 +245,7 @@ def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
 
     sc = ctx.cfg.server
     rows = registry.rank(candidates, x, batch_size=sc.perf.batch_size, warmup=sc.perf.warmup,
-                         repeats=max(sc.perf.repeats, 50), rounds=sc.tuning.rounds)
+                         repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
     key = (lambda r: r["latency_ms"]["p50"]) if sc.recommend.by == "latency" else (lambda r: -r["throughput_sps"])
     best = min(rows, key=key)
     model = {"paddle-inference": "server/fp32/inference"}.get(best["engine"], "server/onnx/model.onnx")
