@@ -1,9 +1,12 @@
-"""server: Paddle Inference precision matrix, each row gated against the FP32 export.
+"""server: server engines and precisions side by side, each row gated against the FP32 export.
 
-Rows: fp32 (oneDNN + IR), fp16 (real on a GPU build; emulated on CPU, labelled so), bf16 (only
-where the CPU really has bf16; else SKIPPED — Paddle would silently run fp32), int8 (PaddleSlim
-PTQ run with oneDNN INT8). Every row that runs also gets latency/throughput figures.
-Writes: models/int8 (and models/fp16 on GPU) for the bundle, perf.json.
+Paddle Inference rows: fp32 (oneDNN + IR), fp16 (real on a GPU build; emulated on CPU, labelled so),
+bf16 (only where the CPU really has bf16; else SKIPPED — Paddle would silently run fp32), int8
+(PaddleSlim PTQ run with oneDNN INT8). ONNX Runtime and OpenVINO rows on the paddle2onnx export: fp32,
+and int8 from the same calibration data (CUDA/TensorRT providers only where a GPU is). Every row that
+runs also gets latency/throughput figures; fp32 engines are tuned per batch profile, and the fastest
+one that passed is recommended for serving.
+Writes: models/int8 (and models/fp16 on GPU), onnx/model.onnx for the bundle, serving.json, perf.json.
 """
 from __future__ import annotations
 
@@ -309,4 +312,4 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
               run=run, code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/serve.py", "pipeline/reference.py"),
-              description="Paddle Inference fp32/fp16/bf16/int8 matrix with gates and latency")
+              description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
