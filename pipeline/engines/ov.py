@@ -99,7 +99,7 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
     n = min(len(calib), batch_size * batch_nums)
     batches = [np.ascontiguousarray(calib[i:min(i + batch_size, n)], np.float32) for i in range(0, n, batch_size)]
     model = ov.Core().read_model(str(onnx_file))
-    q = nncf.quantize(model, nncf.Dataset(batches), subset_size=n)
+    q = nncf.quantize(model, nncf.Dataset(batches), subset_size=len(batches))   # counted in dataset items (batches)
     Path(out_xml).parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(q, str(out_xml))
     return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": "performance"}
