@@ -95,8 +95,9 @@ def apply_cpu_tuning() -> dict[str, str]:
     - MKL_DEBUG_CPU_TYPE=5: MKL takes a slow generic path on AMD CPUs; 5 selects the AVX2 path
       (paddle.matmul ~18 → ~61 GFLOP/s measured on these machines).
     - OMP/MKL threads = available cores: Paddle's CPU kernels default to one thread.
-    - OMP_WAIT_POLICY by a short load probe (choose_wait_policy), or PIPELINE_OMP_WAIT=active|passive.
-    Child processes inherit the values (a launcher passes its per-process threads itself).
+    - OMP_WAIT_POLICY by a short load probe (choose_wait_policy) when paddle is about to load
+      (settle_wait_policy), or PIPELINE_OMP_WAIT=active|passive.
+    Child processes decide again (a launcher passes its per-process choices itself).
     """
     if os.environ.get("PIPELINE_NO_TUNING") == "1":   # benchmarks measure the untuned baseline
         return {}
@@ -110,24 +111,35 @@ def apply_cpu_tuning() -> dict[str, str]:
     if cpu_vendor() == "AuthenticAMD":
         wanted["MKL_DEBUG_CPU_TYPE"] = "5"
         why["MKL_DEBUG_CPU_TYPE"] = "AMD CPU: MKL's AVX2 path instead of its generic one"
-    if "OMP_WAIT_POLICY" not in os.environ:
-        threads = os.environ.get("OMP_NUM_THREADS", wanted["OMP_NUM_THREADS"])
-        switch = os.environ.get(WAIT_SWITCH, "auto").lower()
-        needs_probe = switch not in ("active", "passive") and threads.isdigit() and int(threads) > 1
-        policy, reason = choose_wait_policy(int(threads) if threads.isdigit() else 1, switch,
-                                            probed_busy() if needs_probe else None)
-        if policy:
-            wanted["OMP_WAIT_POLICY"] = policy
-        why["OMP_WAIT_POLICY"] = reason
     for key, value in wanted.items():
         if key not in os.environ:
             os.environ[key] = value
             APPLIED_TUNING[key] = value
             TUNING_WHY[key] = why[key]
-    if "OMP_WAIT_POLICY" not in wanted and "OMP_WAIT_POLICY" in why:
-        TUNING_WHY["OMP_WAIT_POLICY"] = why["OMP_WAIT_POLICY"]          # why it was left unset
-    os.environ[TUNED_MARK] = ",".join(f"{k}={v}" for k, v in APPLIED_TUNING.items())
+    _mark()
+    if os.environ.get(WAIT_SWITCH, "auto").lower() in ("active", "passive"):
+        settle_wait_policy()          # no probe needed: decide now
     return dict(APPLIED_TUNING)
+
+
+def _mark() -> None:
+    os.environ[TUNED_MARK] = ",".join(f"{k}={v}" for k, v in APPLIED_TUNING.items())
+
+
+def settle_wait_policy() -> None:
+    """Choose OMP_WAIT_POLICY just before paddle loads (import_paddle_quietly calls this): the probe costs
+    0.1 s, so processes that never load paddle through the pipeline's entry points do not pay it."""
+    if "OMP_WAIT_POLICY" in os.environ or "OMP_WAIT_POLICY" in TUNING_WHY or "paddle" in sys.modules \
+            or os.environ.get("PIPELINE_NO_TUNING") == "1":
+        return
+    threads = os.environ.get("OMP_NUM_THREADS", str(cpu_count()))
+    switch = os.environ.get(WAIT_SWITCH, "auto").lower()
+    needs_probe = switch not in ("active", "passive") and threads.isdigit() and int(threads) > 1
+    policy, TUNING_WHY["OMP_WAIT_POLICY"] = choose_wait_policy(int(threads) if threads.isdigit() else 1, switch,
+                                                               probed_busy() if needs_probe else None)
+    if policy:
+        os.environ["OMP_WAIT_POLICY"] = APPLIED_TUNING["OMP_WAIT_POLICY"] = policy
+        _mark()
 
 
 def tuning_record() -> dict:
@@ -196,6 +208,7 @@ def import_paddle_quietly():
     import io
     import warnings
 
+    settle_wait_policy()
     with contextlib.redirect_stderr(io.StringIO()):
         import paddle
     # BatchNorm in train mode always tracks global stats; Paddle warns about it on every call

@@ -3,7 +3,7 @@
 `train.nproc: auto` runs one process per core with one thread each on a multi-core CPU (one per
 GPU on a GPU machine): Paddle's CPU kernels on small models scale poorly with threads, while
 data-parallel processes share nothing but one gradient all-reduce per step (processes won 3.0x on
-a quiet 2-core box and 1.5-2x in full trainings on the same box under heavy load; `make
+a quiet 2-core box and ~1.9x in full trainings on the same box under heavy load; `make
 bench-train` measures the layouts side by side). `train.batch_size` is the
 global batch, so the layout changes speed, not the training recipe.
 
@@ -97,9 +97,10 @@ def gpu_count() -> int:
 
 def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
     """Processes where they beat threads: one process per core with one thread each on a multi-core CPU
-    (3.0x over 1 process x 2 threads on a quiet 2-core box; 1.5-2x in full 6-epoch trainings on the
-    same box under heavy load from other jobs, where PASSIVE threads were the best thread layout),
-    one per GPU; never shares of the global batch smaller than MIN_RANK_BATCH."""
+    (3.0x over 1 process x 2 threads on a quiet 2-core box; ~1.9x in full trainings on the same box
+    under heavy load, there partly because every launched rank is its own session and so its own
+    autogroup share of the CPU - see README), one per GPU; never shares of the global batch smaller
+    than MIN_RANK_BATCH."""
     if gpus:
         return gpus, f"train.nproc=auto: one process per GPU ({gpus} visible)"
     if cores < 2:
