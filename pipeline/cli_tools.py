@@ -72,7 +72,11 @@ def _verify(args) -> int:
                              max_bytes=cfg.verify.max_archive_bytes, max_members=cfg.verify.max_members)
     for c in report["checks"]:
         print(f"  ok  {c['name']}" + (f" = {c['observed']:.3g} (limit {c['limit']:g})" if c["limit"] else ""))
-    print(f"verified: {args.bundle} ({report['files']} files); {report['signature']}")
+    for rel, why in report.get("unverified", {}).items():
+        print(f"  not executed  {rel}: {why}")
+    n_unverified = len(report.get("unverified", {}))
+    print(f"verified: {args.bundle} ({report['files']} files"
+          + (f", {n_unverified} converted but not executed" if n_unverified else "") + f"); {report['signature']}")
     return 0
 
 

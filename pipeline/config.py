@@ -208,6 +208,9 @@ class RegressionCfg(Section):
     metric_drop: float = NonNegFloat
     size_growth: float = NonNegFloat
     latency_growth: float = NonNegFloat
+    ab_rounds: int = PosInt
+    ab_runs: int = PosInt
+    ab_threads: int = Field(ge=0)
 
 
 class Config(Section):

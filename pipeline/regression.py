@@ -1,9 +1,10 @@
 """Nightly regression: compare a finished run folder with a baseline run folder.
 
 Per gate (matched by stage + subject): passed before and not now; primary metric dropped more
-than regression.metric_drop; median latency grew more than regression.latency_growth (noise-aware,
-see _latency). Per model file and for the bundle: size grew more than regression.size_growth.
-Everything is read from the stage manifests, so any two run folders can be compared.
+than regression.metric_drop; effective precision changed. Per model file and for the bundle: size grew
+more than regression.size_growth. These are read from the stage manifests, so any two run folders can be
+compared. Latency is not compared from recorded numbers (two nights on a shared machine differ by 50 %
+on noise alone): both runs' artifacts are re-measured A/B in this process (pipeline/ab_latency.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from .config import ROOT
 from .errors import MissingArtifact
 from .gates import Check, metric_check
 
-LATENCY_FLOOR_MS = 0.05          # differences below this are timer/scheduler noise, whatever the ratio
 MODEL_SUFFIXES = (".pdmodel", ".pdiparams", ".nb")
 BASELINE_FILE = "BASELINE"       # <run.root>/BASELINE names the accepted run (written by `accept`)
 
@@ -111,10 +111,9 @@ def config_hash(run_dir: Path) -> str | None:
 
 # ------------------------------------------------------------------------------------ compare
 
-def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, latency_growth: float,
-            latency_floor_ms: float = LATENCY_FLOOR_MS) -> list[Comparison]:
+def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float) -> list[Comparison]:
+    """Status, metric, precision and size comparisons from two runs' facts (latency: see latency_ab)."""
     out: list[Comparison] = []
-    speed = _slowdown(base.get("machine_gflops"), cur.get("machine_gflops"))
     for key, b in base["gates"].items():
         c = cur["gates"].get(key)
         now = c["status"] if c else "missing"
@@ -137,8 +136,6 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float, la
                                   f"drop ≤ {metric_drop:g}", ok,
                                   f"{key}: {b['metric']} {b['value']:.4f} → {c['value']:.4f} "
                                   f"(drop {drop:+.4f}, limit {metric_drop:g})"))
-        if b["latency"] and c["latency"]:
-            out.append(_latency(key, b["latency"], c["latency"], latency_growth, latency_floor_ms, speed))
     for key, b_bytes in base["sizes"].items():
         c_bytes = cur["sizes"].get(key)
         if c_bytes is None or not b_bytes:
@@ -160,27 +157,25 @@ def _precision(key: str, base: str, cur: str) -> Comparison:
                       f"{key}: effective precision {base} → {cur}")
 
 
-def _slowdown(base_gflops, cur_gflops) -> float:
-    """Factor (<= 1) by which this run's latencies are scaled when its machine probe was slower than the
-    baseline's (a loaded CI box). Never > 1: a faster probe must not turn noise into a regression."""
-    if not (_num(base_gflops) and _num(cur_gflops)) or base_gflops <= 0:
-        return 1.0
-    return min(1.0, cur_gflops / base_gflops)
+def latency_ab(base_dir: Path, cur_dir: Path, *, growth: float, rounds: int, runs: int, threads: int = 0,
+               wrap_current=None) -> list[Comparison]:
+    """Latency comparisons measured now, A/B, on both runs' own artifacts (see pipeline/ab_latency.py)."""
+    from .ab_latency import ab_compare, sample_input
 
-
-def _latency(key: str, b: dict, c: dict, growth: float, floor: float, speed: float = 1.0) -> Comparison:
-    """Noise-aware: medians (p50 of many repeats) are compared with a relative limit, after scaling for a
-    slower machine (see _slowdown); a slowdown counts only if it also exceeds an absolute floor and lands
-    above the baseline's own p90 (a median inside the baseline's spread is noise, not a regression)."""
-    b50, raw = float(b["p50"]), float(c["p50"])
-    c50 = raw * speed
-    rel = c50 / b50 - 1 if b50 > 0 else 0.0
-    spread = float(b.get("p90") or b50)
-    bad = rel > growth and (c50 - b50) > floor and c50 > spread
-    norm = f", {raw:.3f} ms measured on a {1 / speed:.2f}x slower machine" if speed < 1 else ""
-    return Comparison(f"latency · {key} (p50)", "latency", b50, c50, f"growth ≤ {growth:.0%}", not bad,
-                      f"{key}: p50 {b50:.3f} → {c50:.3f} ms ({rel:+.1%}, limit +{growth:.0%}, "
-                      f"baseline p90 {spread:.3f} ms{norm})")
+    x = sample_input(cur_dir)
+    if x is None:
+        return []
+    out = []
+    for key, res, note in ab_compare(base_dir, cur_dir, x, growth=growth, rounds=rounds, runs=runs,
+                                     threads=threads, wrap_current=wrap_current):
+        name = f"latency · {key} (A/B)"
+        if res is None:
+            out.append(Comparison(name, "latency", None, None, "A/B", True, f"{key}: {note}"))
+        else:
+            out.append(Comparison(name, "latency", round(res.a_ms[1], 4), round(res.b_ms[1], 4),
+                                  f"ratio ≤ {1 + growth:.2f} (or p10 ≤ 1)", not res.regressed(growth),
+                                  res.message(growth)))
+    return out
 
 
 def _num(v) -> bool:
@@ -268,8 +263,10 @@ def check_run(cfg, run_dir: Path, stage_order: list[str], *, baseline: str | Non
     base_dir, how = resolve_baseline(cfg, facts["name"], hist, explicit=baseline)
     base = run_facts(base_dir, stage_order) if base_dir else None
     r = cfg.regression
-    comps = compare(base, facts, metric_drop=r.metric_drop, size_growth=r.size_growth,
-                    latency_growth=r.latency_growth) if base else []
+    comps = compare(base, facts, metric_drop=r.metric_drop, size_growth=r.size_growth) if base else []
+    if base:
+        comps += latency_ab(base_dir, Path(run_dir), growth=r.latency_growth, rounds=r.ab_rounds, runs=r.ab_runs,
+                            threads=r.ab_threads)
     regs = regressions(comps)
     failed = any(st != "OK" for st in facts["stages"].values()) or bool(stage_errors)
     status = "failed" if failed else "regressed" if regs else "passed"

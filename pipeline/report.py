@@ -1,8 +1,8 @@
 """What the nightly job leaves in the run folder for people and for CI.
 
 junit.xml    one <testcase> per gate and per baseline comparison (Jenkins/GitLab render it natively)
-report.html  gates, comparisons and PNG plots saved beside it (relative <img src>): training curves,
-             metric per stage/precision, latency per engine, trend over past runs
+report.html  one standalone page: gates, comparisons and PNG plots embedded as base64 data URIs
+             (training curves, metric per stage/precision, latency per engine, trend over past runs)
 """
 from __future__ import annotations
 
@@ -63,12 +63,14 @@ def _plt():
 
 
 def _save(fig, folder: Path, name: str) -> str:
+    """The figure as a data URI: the report is one file that can be mailed or archived alone."""
+    import base64
     import io
     buf = io.BytesIO()
+    fig.tight_layout()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     _plt().close(fig)
-    atomic_write_bytes(folder / name, buf.getvalue())
-    return name
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def plot_training(run_dir: Path) -> str | None:
@@ -132,18 +134,26 @@ def plot_trend(run_dir: Path, trend: list[dict]) -> str | None:
         lat_keys += [k for k, g in r["gates"].items() if g["latency_p50"] is not None and k not in lat_keys]
     keys, lat_keys = keys[:8], lat_keys[:4]
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     x = list(range(len(trend)))
     for k in keys:
         a1.plot(x, [_get(r, k, "value") for r in trend], marker="o", label=k)
     for k in lat_keys:
         a2.plot(x, [_get(r, k, "latency_p50") for r in trend], marker="o", label=k)
     for ax, title in ((a1, "primary metric over runs"), (a2, "latency p50 (ms) over runs")):
-        ax.set_xticks(x, [r["name"][-15:] for r in trend], rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(x, [_run_label(r["name"]) for r in trend], fontsize=7)
         ax.set_title(title)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
+    fig.autofmt_xdate(rotation=40, ha="right")     # slanted labels, bottom margin made to fit them
     return _save(fig, run_dir, "plot_trend.png")
+
+
+def _run_label(name: str) -> str:
+    """nightly-20261130T101500Z -> 11-30 10:15 (the date is what a reader scans for); other names as is."""
+    import re
+    m = re.search(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})", name)
+    return f"{m[2]}-{m[3]} {m[4]}:{m[5]}" if m else name[-18:]
 
 
 def _get(run: dict, key: str, field: str) -> float:
@@ -185,7 +195,10 @@ def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | Non
              f"<p>Baseline: {e(baseline_label)} · stages: "
              + ", ".join(f"{e(s)} <span class='{e(st)}'>{e(st)}</span>" for s, st in facts["stages"].items())
              + "</p>",
-             f"<p>Machine probe (matmul GFLOP/s, scales latency comparisons): {_short(facts.get('machine_gflops'))}"
+             "<p>Latency is compared A/B: the baseline's and this run's artifacts re-measured in one process, "
+             "alternating rounds, same input; a row fails only when the ratio exceeds the limit with separated "
+             "spreads. UNVERIFIED rows were produced but not executed here.</p>",
+             f"<p>Machine probe (matmul GFLOP/s, informational): {_short(facts.get('machine_gflops'))}"
              + (f" · baseline {_short(base.get('machine_gflops'))}" if base else "") + "</p>"]
     if regs:
         parts.append("<h2 class='FAIL'>Regressions</h2><ul>" + "".join(f"<li>[{e(c.kind)}] {e(c.message)}</li>"
@@ -202,7 +215,7 @@ def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | Non
             [[c.name, _short(c.baseline), _short(c.current), c.limit, "OK" if c.passed else "REGRESSION"]
              for c in comparisons], ["OK" if c.passed else "FAIL" for c in comparisons]))
     for title, src in plots:
-        body = f"<img src='{e(src)}' alt='{e(title)}'>" if src else "<p>(no data for this plot yet)</p>"
+        body = f"<img src='{src}' alt='{e(title)}'>" if src else "<p>(no data for this plot yet)</p>"
         parts.append(f"<h2>{e(title)}</h2>{body}")
     path = run_dir / "report.html"
     atomic_write_text(path, "\n".join(parts) + "\n")

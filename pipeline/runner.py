@@ -174,7 +174,9 @@ class Runner:
 
     def run(self, names: list[str]) -> list[Outcome]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_resolved(self.cfg, self.run_dir / "config.resolved.yaml")
+        resolved = self.run_dir / "config.resolved.yaml"
+        if not resolved.exists():         # a fresh folder: nothing good to protect yet
+            save_resolved(self.cfg, resolved)
         outcomes: list[Outcome] = []
         for stage in self.resolve(names):
             if any(o.status in (FAIL, "ERROR", "NOT RUN") and o.stage in stage.inputs for o in outcomes):
@@ -182,6 +184,10 @@ class Runner:
                                         error=MissingArtifact(f"{stage.name} not run: an input stage failed")))
                 continue
             outcomes.append(self._run_one(stage))
+        if all(o.status in (OK, "CACHED") for o in outcomes):
+            # the run-level copy describes the artifacts beside it: a failed run must not overwrite it
+            # (each stage folder, and each <stage>.failed, holds the config it really ran with)
+            save_resolved(self.cfg, resolved)
         return outcomes
 
     def _run_one(self, stage: Stage) -> Outcome:
@@ -211,6 +217,7 @@ class Runner:
             with staged_dir(final) as tmp:
                 ctx = StageContext(self.cfg, stage.name, tmp, work, dirs, manifests, fp, self.force)
                 result = stage.run(ctx)
+                save_resolved(self.cfg, tmp / "config.resolved.yaml")     # the config these outputs came from
                 manifest = self._manifest(stage, fp, manifests, tmp, result, started, time.time() - t0)
                 if layout is not None:
                     manifest["layout_key"], manifest["info"]["layout"] = layout.key(), layout.record()
@@ -284,7 +291,7 @@ class Runner:
             "config_hash": self.cfg.hash_of(*stage.config_keys),
             "config": self.cfg.section(*stage.config_keys),
             "inputs": {k: {f: m["sha256"] for f, m in v.get("outputs", {}).items()} for k, v in inputs.items()},
-            "outputs": describe_files(out),
+            "outputs": describe_files(out, exclude=(MANIFEST, "config.resolved.yaml")),   # records, not outputs
             "precision": result.precision,
             "metrics": result.metrics,
             "gates": [g.to_dict() for g in result.gates],

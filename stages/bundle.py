@@ -126,6 +126,9 @@ def run(ctx: StageContext) -> StageResult:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "task": info["task"], "files": files, "versions": versions, "git_commit": env.git_commit(),
         "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
+        # produced but never executed here: verify cannot check these either, so say what vouches for them
+        "unverified": {f"mobile/{g['extra']['file']}": g["reason"] for g in gates
+                       if g["status"] == "UNVERIFIED" and (g.get("extra") or {}).get("file")},
         "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
     }
     if sign_key is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.capabilities import host_arch
+
 from pipeline.bundle import open_bundle, safe_extract, verify_hashes, write_archive
 from pipeline.errors import IntegrityError, MissingArtifact
 
@@ -114,6 +116,21 @@ def test_verify_cli_passes_on_a_fresh_bundle(bundle):
     res = cli("verify", bundle[1])
     assert res.returncode == 0, res.stderr
     assert "verified:" in res.stdout
+    if host_arch() != "arm":      # arm .nb files were converted, not executed: said so, never "ok"
+        assert "not executed  mobile/arm_fp32.nb: converted, not executed" in res.stdout
+        assert "  ok  " not in "\n".join(l for l in res.stdout.splitlines() if "arm" in l)
+
+
+@pytest.mark.slow
+def test_model_card_and_manifest_say_what_was_not_executed(bundle):
+    card = (bundle[0] / "MODEL_CARD.md").read_text()
+    man = json.loads((bundle[0] / "manifest.json").read_text())
+    assert "every artifact in this bundle passed" not in card
+    rows = [l for l in card.splitlines() if "lite arm fp32" in l]
+    if host_arch() != "arm":
+        assert rows and "UNVERIFIED: converted, not executed" in rows[0] and "vouched for by" in rows[0]
+        assert "vouched for by" in man["unverified"]["mobile/arm_fp32.nb"]
+        assert all(g["status"] != "OK" for g in man["gates"] if g["subject"].startswith("lite arm"))
 
 
 @pytest.mark.slow
