@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from .artifacts import MANIFEST, read_json, sha256_file
+from .artifacts import MANIFEST, read_json, replace_dir, sha256_file
 from .errors import IntegrityError, MissingArtifact
 
 FORMAT_VERSION = 1
@@ -188,3 +188,16 @@ def open_bundle(path: Path, scratch: Path, max_bytes: int = MAX_ARCHIVE_BYTES, m
     if path.is_file():
         return safe_extract(path, scratch, max_bytes, max_members)
     raise MissingArtifact(f"bundle not found: {path}", hint="pass a bundle folder or .tar.gz (see bundles/)")
+
+
+def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
+    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out_dir / name, tmp)
+    replace_dir(tmp, root / name)
+    if archive:
+        tmp_tar = root / f".tmp-{name}.tar.gz"
+        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
+        tmp_tar.replace(root / f"{name}.tar.gz")

@@ -81,6 +81,10 @@ def _run(args) -> int:
 
     cfg = _load(args)
     names = [n for s in args.stages for n in ALIASES.get(s, [s])]
+    if cfg.task == "ocr_system":        # two part runs, then the system stage (pipeline/composite.py)
+        from .composite import run_system
+        env.import_paddle_quietly()
+        return run_system(cfg, names, args.force, run_stages)
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
         env.import_paddle_quietly()      # a parent that only launches ranks does not need paddle itself

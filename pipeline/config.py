@@ -35,7 +35,7 @@ class RunCfg(Section):
 
 
 class DataCfg(Section):
-    source: Literal["synthetic", "folder"]
+    source: Literal["synthetic", "folder", "pages"]
     path: Optional[str]
     val_path: Optional[str]
     val_fraction: float = Field(gt=0, lt=1)
@@ -46,6 +46,8 @@ class DataCfg(Section):
     width: int = Field(ge=8, le=4096)
     channels: Literal[1, 3]
     max_len: int = PosInt
+    max_boxes: int = PosInt
+    page_size: int = Field(ge=64, le=4096)
     fonts: list[str]
     on_bad_sample: Literal["error", "skip"]
     cache_dir: str
@@ -202,6 +204,29 @@ class ServeCfg(Section):
     max_concurrency: int = PosInt
 
 
+class DetectionCfg(Section):
+    thresh: float = Field(gt=0, lt=1)
+    box_thresh: float = Field(gt=0, lt=1)
+    unclip_ratio: float = Field(gt=0)
+    max_candidates: int = PosInt
+    min_size: float = NonNegFloat
+    iou: float = Field(gt=0, le=1)
+    shrink_ratio: float = Field(gt=0, lt=1)
+
+
+class SystemCfg(Section):
+    detection: Optional[str]
+    recognition: Optional[str]
+    detection_overrides: list[str]
+    recognition_overrides: list[str]
+    pages: int = PosInt
+    samples: int = PosInt
+    http_pages: int = Field(ge=0)
+    min_line_accuracy: float = Field(ge=0, le=1)
+    min_field_accuracy: float = Field(ge=0, le=1)
+    gates: dict[Literal["fp16", "bf16", "int8", "lite", "http"], float]
+
+
 class RegressionCfg(Section):
     baseline: Optional[str]
     history: str
@@ -214,7 +239,7 @@ class RegressionCfg(Section):
 
 
 class Config(Section):
-    task: Literal["classification", "recognition"]
+    task: Literal["classification", "recognition", "detection", "ocr_system"]
     seed: int = Field(ge=0)
     run: RunCfg
     data: DataCfg
@@ -227,6 +252,8 @@ class Config(Section):
     verify: VerifyCfg
     serve: ServeCfg
     regression: RegressionCfg
+    detection: DetectionCfg
+    system: SystemCfg
 
     @property
     def run_dir(self) -> Path:

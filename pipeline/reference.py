@@ -31,7 +31,7 @@ class Reference:
 def load_reference(export_dir: Path) -> Reference:
     export_dir = Path(export_dir)
     info = json.loads(require_file(export_dir / "info.json", "export info", "make export").read_text())
-    task = get_task(info["task"])
+    task = get_task(info["task"], info.get("postprocess"))
     with np.load(require_file(export_dir / "reference.npz", "export reference", "make export")) as z:
         x, images, labels, out = z["inputs"], z["images"], z["labels"], z["outputs"]
     return Reference(info, task, x, images, labels, out, task.metrics(out, labels)[task.primary_metric],

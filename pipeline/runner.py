@@ -64,6 +64,9 @@ class Stage:
     # config keys that the resolved process layout (pipeline/layout.py) stands for: non-empty means the
     # layout enters the fingerprint in their place (train.nproc=auto and =2 are the same run on 2 cores)
     layout_keys: tuple[str, ...] = ()
+    # outputs of *other runs* this stage reads (name → stage folder), e.g. the OCR system's two bundles;
+    # checked, hashed and fingerprinted like inputs, and they must have passed their gates
+    external_inputs: Callable[[Config], dict[str, Path]] | None = None
 
 
 @dataclass
@@ -157,6 +160,14 @@ class Runner:
                 raise MissingArtifact(f"{stage.name} needs the '{dep}' output at {folder}, but it was made with "
                                       f"another config or code version (stale)",
                                       hint=f"run `make {maker}` first (same CONFIG)")
+            dirs[dep], manifests[dep] = folder, man
+        for dep, folder in (stage.external_inputs(self.cfg) if stage.external_inputs else {}).items():
+            man = load_manifest(folder)
+            if man is None or man.get("status") != OK:
+                raise MissingArtifact(f"{stage.name} needs the gated '{dep}' output at {folder}, which has not "
+                                      "been produced or did not pass its gates",
+                                      hint="run `make train export deploy` with the same CONFIG first")
+            verify_outputs(folder, man)
             dirs[dep], manifests[dep] = folder, man
         return dirs, manifests
 

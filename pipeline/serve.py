@@ -106,6 +106,12 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
     signature = check_signature(folder, key)
     manifest = verify_hashes(folder)
     cfg = load_infer_config(folder)
+    if cfg.get("task") == "ocr_system":          # two models and POST /ocr: pipeline/ocr/service.py
+        from .ocr.service import create_ocr_app
+        app = create_ocr_app(folder, threads=threads, max_body=max_body, name=manifest.get("name"),
+                             versions=manifest.get("versions"))
+        app.state.scratch = scratch
+        return app
     app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
                                 max_body=max_body, name=manifest.get("name") or folder.name,
                                 versions=manifest.get("versions"), engine=load_engine(folder, cfg, engine, threads),
@@ -136,7 +142,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
             raise DataError(f"infer config has no '{key}' section", hint="see stages/bundle.py infer_config()")
     if engine is None:
         engine = InferenceEngine(model_prefix, "fp32", threads=threads or env.cpu_count())
-    task = get_task(infer_cfg["task"])
+    task = get_task(infer_cfg["task"], infer_cfg["postprocess"])
     want = [d if isinstance(d, int) and d > 0 else None for d in infer_cfg["input"]["shape"]]
     name = name or Path(model_prefix).parent.name
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
@@ -421,7 +427,7 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     if images_uint8.ndim != 3 or images_uint8.dtype != np.uint8 or len(images_uint8) == 0:
         raise DataError(f"http_gate needs uint8 images [N, H, W], got {images_uint8.dtype} {list(images_uint8.shape)}")
     n = min(int(max_requests), len(images_uint8))
-    task = get_task(task_name)
+    task = get_task(task_name, infer_cfg.get("postprocess"))
     bodies = [_png(img) for img in images_uint8[:n]]
     app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False,  # percentiles instead
                                 engine=engine)

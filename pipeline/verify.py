@@ -78,6 +78,9 @@ def verify_bundle(path: Path, timeout: float = 120, threads: int = 0, key: str |
         signature = check_signature(folder, key)     # before the manifest or any model file is read
         manifest = verify_hashes(folder)
         cfg = load_infer_config(folder)
+        if cfg.get("task") == "ocr_system":      # both model bundles, then the system on its sample pages
+            from .ocr.system_bundle import verify_system
+            return verify_system(folder, timeout=timeout, threads=threads)
         x, expected = _samples(folder, cfg)
         checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
         for name, make in _engines(folder, cfg, timeout, threads).items():

@@ -39,7 +39,7 @@ class EagerEngine(Engine):
         from pipeline.tasks import get_task
 
         super().__init__()
-        task = get_task(info["task"])
+        task = get_task(info["task"], info.get("postprocess"))
         self.model = task.build_model(info["model"], info["labels_info"])
         self.model.set_state_dict(paddle.load(str(run / "train" / "model.pdparams")))
         self.model.eval()

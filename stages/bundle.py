@@ -19,8 +19,8 @@ import yaml
 from PIL import Image
 
 from pipeline import env, signing
-from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, replace_dir, write_json
-from pipeline.bundle import FORMAT_VERSION, write_archive
+from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
+from pipeline.bundle import FORMAT_VERSION, publish, write_archive
 from pipeline.config import ROOT
 from pipeline.errors import ConfigError
 from pipeline.gates import OK, Check, Gate
@@ -156,19 +156,6 @@ def run(ctx: StageContext) -> StageResult:
                                 "signed": sign_key is not None},
                        info={"bundle": str(published), "archive": str(published) + ".tar.gz" if cfg.bundle.archive
                              else None, "name": name})
-
-
-def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
-    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out_dir / name, tmp)
-    replace_dir(tmp, root / name)
-    if archive:
-        tmp_tar = root / f".tmp-{name}.tar.gz"
-        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
-        tmp_tar.replace(root / f"{name}.tar.gz")
 
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),

@@ -28,7 +28,7 @@ def run(ctx: StageContext) -> StageResult:
         x, labels, reference, images = z["inputs"], z["labels"], z["outputs"], z["images"]
 
     paddle.set_device("cpu")
-    task = get_task(info["task"])
+    task = get_task(info["task"], info.get("postprocess"))
     model = task.build_model(info["model"], info["labels_info"])
     model.set_state_dict(state)
     model.eval()
@@ -61,5 +61,5 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
-              code_deps=("pipeline/tasks", "pipeline/models", "pipeline/gates.py"),
+              code_deps=("pipeline/tasks", "pipeline/models", "pipeline/ocr", "pipeline/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

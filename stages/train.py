@@ -139,7 +139,7 @@ def run(ctx: StageContext) -> StageResult:
     cfg = ctx.cfg
     if cfg.train.visualdl:
         require_visualdl()                  # missing package: fail now, not after training
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, cfg.section("detection")["detection"])
     seed_everything(cfg.seed)
     device = pick_device(cfg.train.device)
     rank, nproc = world()
@@ -149,8 +149,9 @@ def run(ctx: StageContext) -> StageResult:
     model = task.build_model(cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
     classes = output_classes(model, first, task, cfg.model.name)
-    check_labels(classes, ds.train.labels, "training set")
-    check_labels(classes, ds.val.labels, "validation set")
+    if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
+        check_labels(classes, ds.train.labels, "training set")
+        check_labels(classes, ds.val.labels, "validation set")
     plan = amp.plan(cfg.train.amp, device, env.capabilities())
     plan, precheck_diff = precheck_amp(cfg, model, plan, first)
 
@@ -207,9 +208,9 @@ def run(ctx: StageContext) -> StageResult:
     )
 
 
-STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train"),
+STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
               make_target="train", run=run, layout_keys=("train.nproc",),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/checkpoint.py", "pipeline/tasks",
-                         "pipeline/models", "pipeline/data", "pipeline/preprocess.py", "pipeline/text_metrics.py",
-                         "pipeline/layout.py"),
+                         *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
+                         "pipeline/text_metrics.py", "pipeline/layout.py"),
               description="AMP training on the configured task")

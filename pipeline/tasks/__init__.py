@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 
-def get_task(name: str):
+def get_task(name: str, post: dict | None = None):
+    """`post`: the task's post-processing parameters (config section or infer_config's postprocess)."""
     if name == "classification":
         from .classification import ClassificationTask
         return ClassificationTask()
     if name == "recognition":
         from .recognition import RecognitionTask
         return RecognitionTask()
+    if name == "detection":
+        from .detection import DetectionTask
+        return DetectionTask(post)
     from ..errors import ConfigError
-    raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition")
+    raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition | detection")

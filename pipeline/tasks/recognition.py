@@ -17,7 +17,7 @@ from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, en
                             seq_accuracy)
 from .base import Datasets, Split
 
-_SOURCES = ("synthetic", "folder")
+_SOURCES = ("synthetic", "folder", "pages")
 _DOWNSAMPLE = 4      # CRNN reduces the width by 4: T = width / 4 time steps
 
 
@@ -74,6 +74,17 @@ class RecognitionTask:
             # different seeds: validation lines are never copies of training lines
             train = load_or_render(int(cfg["num_train"]), seed, **common)
             val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
+        elif source == "pages":          # crops of synthetic invoice pages: what the OCR system feeds
+            from ..data.page_crops import load_crops
+
+            page = int(cfg.get("page_size", 320))
+            common = dict(page_h=page, page_w=page, height=height, width=width, max_len=max_len,
+                          fonts=list(cfg.get("fonts") or []), charset=charset, cache_dir=cfg.get("cache_dir"))
+            # ~14 lines per page; different seeds keep validation pages out of training
+            ti, tl = load_crops(int(cfg["num_train"]) // 12 + 1, seed, **common)
+            vi, vl = load_crops(int(cfg["num_val"]) // 12 + 1, seed + 1, **common)
+            train = (ti[:int(cfg["num_train"])], tl[:int(cfg["num_train"])])
+            val = (vi[:int(cfg["num_val"])], vl[:int(cfg["num_val"])])
         elif source == "folder":
             if not cfg.get("path"):
                 raise ConfigError("data.source is 'folder' but data.path (the label file) is empty")

@@ -1,0 +1,65 @@
+"""A system config (task: ocr_system) drives two ordinary runs and then the `system` stage.
+
+`make train export deploy CONFIG=configs/ocr_system.yaml` runs the requested stages of the
+detection part, then of the recognition part (each an ordinary, separately gated run in its own
+run folder), and, once bundles are asked for, the `system` stage that joins the two published
+bundles. The parts share the system config's run.root/run.quiet/run.threads/bundle.root, so a
+test that moves the system run moves its parts too.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .config import ROOT, Config, load_config
+from .errors import ConfigError
+
+log = logging.getLogger("pipeline")
+
+PARTS = {"detection": "detection", "recognition": "recognition"}     # role → required task
+
+
+def _config_path(p: str) -> Path:
+    path = Path(p)
+    if path.is_absolute() or path.is_file():
+        return path
+    return ROOT / path            # configs/... relative to the repository, whatever the cwd
+
+
+def part_configs(cfg: Config) -> dict[str, Config]:
+    """role → the part's resolved Config."""
+    if cfg.task != "ocr_system":
+        raise ConfigError(f"the system stage needs task: ocr_system, got task: {cfg.task}",
+                          hint="use CONFIG=configs/ocr_system.yaml")
+    sc = cfg.system
+    shared = [f"run.root={cfg.run.root}", f"run.quiet={str(cfg.run.quiet).lower()}",
+              f"run.threads={cfg.run.threads}", f"bundle.root={cfg.bundle.root}"]
+    out = {}
+    for role, task in PARTS.items():
+        path = getattr(sc, role)
+        if not path:
+            raise ConfigError(f"system.{role} is empty: the OCR system needs a {role} config",
+                              hint=f"e.g. system.{role}=configs/ocr_{role[:3]}.yaml")
+        part = load_config([_config_path(path)], shared + list(getattr(sc, f"{role}_overrides")))
+        if part.task != task:
+            raise ConfigError(f"system.{role} ({path}) has task: {part.task}, expected {task}")
+        if part.run.name == cfg.run.name:
+            raise ConfigError(f"system.{role} ({path}) uses run.name {part.run.name!r}, the system's own run name",
+                              hint="give the part its own run.name")
+        out[role] = part
+    return out
+
+
+def run_system(cfg: Config, names: list[str], force: bool, run_stages) -> int:
+    """Run the parts' stages (all but `system`), then `system` when bundles were requested."""
+    parts = part_configs(cfg)
+    part_names = [n for n in names if n != "system"]
+    for role, part in parts.items():
+        if part_names:
+            log.info("[system] %s part: %s into %s", role, " ".join(part_names), part.run_dir)
+            _, code = run_stages(part, part_names, force)
+            if code:
+                return code
+    if "bundle" in names or "system" in names:
+        return run_stages(cfg, ["system"], force)[1]
+    return 0

@@ -1,0 +1,95 @@
+"""Users' detection data in PaddleOCR's detection label format.
+
+label file (UTF-8), one page per line:
+    imgs/page_001.png<TAB>[{"transcription": "INV-2024-001", "points": [[10, 12], [120, 12], [120, 30], [10, 30]]}, ...]
+Relative paths are resolved against the label file's folder. Pages are stretched to the model
+size (the same rule inference applies) and their points scaled with them. A bad line stops
+with `file:line` and how to fix it, or with data.on_bad_sample=skip is dropped and counted.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..errors import DataError
+from .imagefolder import check_on_bad, read_image
+from .invoice_pages import pack_quads
+from .labelfile import _read_text
+
+
+def _parse_boxes(payload: str) -> list[tuple[str, np.ndarray]]:
+    try:
+        items = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the part after the TAB is not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(items, list):
+        raise ValueError("the part after the TAB must be a JSON list of {\"transcription\", \"points\"} objects")
+    out = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict) or "points" not in item:
+            raise ValueError(f"box {k} has no \"points\" (expected {{\"transcription\": ..., \"points\": [[x, y] x 4]}})")
+        try:
+            pts = np.asarray(item["points"], dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ValueError(f"box {k}: points must be numbers [[x, y], ...]") from None
+        if pts.shape != (4, 2):
+            raise ValueError(f"box {k}: points must be 4 [x, y] pairs, got shape {list(pts.shape)}")
+        if not np.isfinite(pts).all() or (pts < 0).any():
+            raise ValueError(f"box {k}: points must be finite and non-negative")
+        out.append((str(item.get("transcription", "")), pts))
+    return out
+
+
+def _page_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as img:
+        return img.size
+
+
+def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_boxes: int,
+                        on_bad: str = "error") -> tuple[np.ndarray, np.ndarray, list[list[str]], int]:
+    """→ (uint8 [N, H, W], packed quads [N, max_boxes, 4, 2] in model pixels, transcriptions, skipped)."""
+    check_on_bad(on_bad)
+    p = Path(path)
+    spec = {"height": height, "width": width, "resize": "stretch"}
+    images, quads, texts, skipped = [], [], [], 0
+    for lineno, raw in enumerate(_read_text(p, "detection label file").split("\n"), 1):
+        line = raw.rstrip("\r")
+        if not line.strip():
+            continue
+        try:
+            if "\t" not in line:
+                raise ValueError("no TAB between image path and boxes (expected 'path<TAB>[{...}]')")
+            rel, payload = line.split("\t", 1)
+            boxes = _parse_boxes(payload)
+            if len(boxes) > max_boxes:
+                raise ValueError(f"{len(boxes)} boxes, more than data.max_boxes={max_boxes} (raise it)")
+            img_path = Path(rel) if Path(rel).is_absolute() else p.parent / rel
+            if not img_path.is_file():
+                raise ValueError(f"image {img_path} does not exist (relative paths are resolved against {p.parent})")
+            try:
+                image = read_image(img_path, spec)
+                w0, h0 = _page_size(img_path)
+            except (DataError, OSError) as exc:
+                raise ValueError(getattr(exc, "message", str(exc))) from None
+            scale = np.array([width / w0, height / h0], np.float32)
+            q = np.stack([b[1] for b in boxes]) * scale if boxes else np.zeros((0, 4, 2), np.float32)
+            if (q.reshape(-1, 2) > [width * 1.001 + 1, height * 1.001 + 1]).any():
+                raise ValueError(f"a box lies outside the {w0}x{h0} image")
+        except ValueError as exc:
+            if on_bad == "error":
+                raise DataError(f"{p}:{lineno}: {exc}",
+                                hint="fix the line, or set data.on_bad_sample: skip to drop bad lines") from None
+            skipped += 1
+            continue
+        images.append(image)
+        quads.append(np.clip(q, 0, [width - 1, height - 1]).astype(np.float32))
+        texts.append([b[0] for b in boxes])
+    if not images:
+        raise DataError(f"detection label file {p} has no usable pages"
+                        + (f" ({skipped} bad lines skipped)" if skipped else ""),
+                        hint="each line is 'image_path<TAB>[{\"transcription\": ..., \"points\": [[x, y] x 4]}]'")
+    return np.stack(images), pack_quads(quads, max_boxes), texts, skipped

@@ -1,0 +1,1 @@
+"""Text detection and the OCR system: DB targets, DB post-processing, detection metric, crops, system."""

@@ -1,0 +1,128 @@
+"""HTTP for the OCR system bundle: POST /ocr (a page image) → lines with boxes and scores; GET /health.
+
+Same service conventions as pipeline/serve.py (size-capped body, 400/413/415 with a message, one
+predictor thread, latency header): its helpers are reused, only the route differs. The flow is
+pipeline/ocr/system.read_pages, the very function the system stage gated.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+from fastapi import Request
+
+from ..errors import PipelineError
+from ..serve import IMAGE_TYPES, MAX_BODY_BYTES, BackgroundServer, _BadRequest, _LatencyLog, _read_body
+
+
+def _decode_page(body: bytes) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(body)) as img:
+            img.load()
+            return np.asarray(img.convert("L"))
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise _BadRequest(400, f"not a readable PNG/JPEG page image ({exc})") from None
+
+
+async def _page_from_request(request, max_body: int) -> np.ndarray:
+    from starlette.requests import Request as StarletteRequest
+
+    body = await _read_body(request, max_body)
+    if not body:
+        raise _BadRequest(400, "empty request body: send a page image (image/png or image/jpeg)")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "multipart/form-data":
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+        try:
+            form = await StarletteRequest(request.scope, replay).form(max_files=1, max_fields=4)
+        except Exception as exc:
+            raise _BadRequest(400, f"malformed multipart body: {exc}") from None
+        files = [v for v in form.values() if hasattr(v, "read")]
+        if not files:
+            raise _BadRequest(400, "multipart body has no file part (send the page as field 'file')")
+        body = await files[0].read()
+    elif ctype not in IMAGE_TYPES:
+        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg "
+                               "or multipart/form-data")
+    return _decode_page(body)
+
+
+def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, name: str | None = None,
+                   versions: dict | None = None, log_requests: bool = True):
+    """App for an (already hash-verified) system bundle folder."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from .. import env
+    from ..bundle import load_infer_config
+    from .system import read_pages
+    from .system_bundle import paddle_engine, spec_of
+
+    folder = Path(folder)
+    spec, _, _ = spec_of(folder)
+    cfg = load_infer_config(folder)
+    threads = threads or env.cpu_count()
+    det = paddle_engine(folder / cfg["detection"] / "server/fp32/inference", "fp32", threads)
+    rec = paddle_engine(folder / cfg["recognition"] / "server/fp32/inference", "fp32", threads)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
+    name = name or folder.name
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        pool.shutdown(wait=True)
+
+    app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_middleware(_LatencyLog, log_requests=log_requests)
+
+    @app.exception_handler(_BadRequest)
+    async def _bad(_request, exc: _BadRequest):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"),
+                "versions": versions or env.versions()}
+
+    @app.post("/ocr")
+    async def ocr(request: Request):
+        page = await _page_from_request(request, max_body)
+        t0 = time.perf_counter()
+        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
+        return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
+                "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+
+    return app
+
+
+def http_ocr_gate(folder: Path, pages: list[np.ndarray], *, threads: int = 0, timeout: float = 60.0) -> dict:
+    """Serve the system bundle on a free 127.0.0.1 port, POST each page as PNG to /ocr, time it."""
+    import httpx
+    from PIL import Image
+
+    from ..engines.perf import summarize_ms
+
+    app = create_ocr_app(folder, threads=threads, log_requests=False)
+    lines, times = [], []
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:
+        try:
+            for page in pages:
+                buf = io.BytesIO()
+                Image.fromarray(page).save(buf, format="PNG")
+                t0 = time.perf_counter()
+                r = client.post("/ocr", content=buf.getvalue(), headers={"content-type": "image/png"})
+                times.append((time.perf_counter() - t0) * 1e3)
+                if r.status_code != 200:
+                    raise PipelineError(f"HTTP /ocr answered {r.status_code}: {r.text[:200]}")
+                lines.append(r.json()["lines"])
+        except httpx.HTTPError as exc:
+            raise PipelineError(f"HTTP request to {srv.url}/ocr failed: {exc!r}") from None
+    return {"lines": lines, "latency_ms": {**summarize_ms(times), "repeats": len(times)}}

@@ -1,0 +1,125 @@
+"""Built-in task 3: text detection on invoice pages with a DB detector.
+
+Data: synthetic invoice pages (pipeline/data/invoice_pages.py) or a PaddleOCR detection label
+file (pipeline/data/det_labels.py). Labels are quads float32 [N, data.max_boxes, 4, 2] in model
+pixels, padded with -1. Outputs: probability map [N, 1, H, W]. Post-processing
+(pipeline/ocr/db_post.py) turns maps into boxes for the metric, every engine and `serve`;
+its parameters (config section `detection`) travel in info.json and infer_config.yaml.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..ocr.db_post import DBParams, detect_batch
+from ..ocr.det_metric import detection_scores
+from .base import Datasets, Split
+
+
+class DetectionTask:
+    name = "detection"
+    primary_metric = "hmean"
+    labels_are_classes = False        # quads, not class ids: the trainer's label-range check does not apply
+    output_layout = "[N, 1, H, W]"    # probability map (eval); rank checked with one forward pass before training
+
+    def __init__(self, post: dict | None = None):
+        post = dict(post or {})
+        self.params = DBParams.from_dict(post)
+        self.iou = float(post.get("iou", 0.5))
+        self.shrink_ratio = float(post.get("shrink_ratio", 0.4))
+
+    # ------------------------------------------------------------------ data
+    def load_data(self, data_cfg: dict, seed: int) -> Datasets:
+        cfg = data_cfg
+        h, w, max_boxes = int(cfg["height"]), int(cfg["width"]), int(cfg.get("max_boxes", 32))
+        if h % 32 or w % 32:
+            raise ConfigError(f"detection pages must be multiples of 32 pixels, got data.height={h} data.width={w}",
+                              hint="e.g. data.height=320 data.width=320")
+        skipped = [0, 0]
+        if cfg["source"] == "synthetic":
+            from ..data.invoice_pages import load_or_render
+
+            common = dict(height=h, width=w, max_boxes=max_boxes, fonts=list(cfg.get("fonts") or []),
+                          cache_dir=cfg.get("cache_dir"), max_len=int(cfg["max_len"]), charset=self._charset(cfg))
+            tr = load_or_render(int(cfg["num_train"]), seed, **common)
+            va = load_or_render(int(cfg["num_val"]), seed + 1, **common)
+            train, val = (tr["images"], tr["quads"]), (va["images"], va["quads"])
+        elif cfg["source"] == "folder":
+            from ..data.det_labels import load_det_label_file
+
+            if not cfg.get("path"):
+                raise ConfigError("data.source is 'folder' but data.path (the detection label file) is empty")
+            images, quads, _, skipped[0] = load_det_label_file(cfg["path"], h, w, max_boxes, cfg["on_bad_sample"])
+            if cfg.get("val_path"):
+                vi, vq, _, skipped[1] = load_det_label_file(cfg["val_path"], h, w, max_boxes, cfg["on_bad_sample"])
+                train, val = (images, quads), (vi, vq)
+            else:
+                n_val = max(1, int(round(len(images) * float(cfg["val_fraction"]))))
+                if n_val >= len(images):
+                    raise DataError(f"{len(images)} pages cannot be split into train and validation",
+                                    hint="add pages or set data.val_path")
+                order = np.random.default_rng(seed).permutation(len(images))
+                train = (images[order[n_val:]], quads[order[n_val:]])
+                val = (images[order[:n_val]], quads[order[:n_val]])
+        else:
+            raise ConfigError(f"data.source must be synthetic or folder for detection, got {cfg['source']!r}")
+        info: dict[str, Any] = {"source": cfg["source"], "height": h, "width": w, "max_boxes": max_boxes}
+        return Datasets(Split(train[0], train[1], skipped[0]), Split(val[0], val[1], skipped[1]), info)
+
+    @staticmethod
+    def _charset(cfg: dict) -> str:
+        from ..data.labelfile import load_charset
+        from ..data.textlines import DEFAULT_CHARSET
+
+        return load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+
+    # ------------------------------------------------------------------ model + loss
+    def build_model(self, model_cfg: dict, info: dict):
+        name, args = model_cfg.get("name"), dict(model_cfg.get("args") or {})
+        if name == "dbnet":
+            from ..models.dbnet import DBNet
+
+            args.setdefault("in_channels", int(info.get("channels", 1)))
+            try:
+                return DBNet(**args)
+            except TypeError as exc:
+                raise ConfigError(f"bad model.args for dbnet: {exc}",
+                                  hint="valid: in_channels, channels, neck, head, k") from None
+        if isinstance(name, str) and ":" in name:
+            from ..models.registry import build_user_model
+            return build_user_model(name, args, {})
+        raise ConfigError(f"model.name {name!r} is not a detection model",
+                          hint="use model.name: dbnet, or 'package.module:callable' (train: [N,3,H,W] P/T/B maps, "
+                               "eval: [N,1,H,W] probabilities)")
+
+    def loss(self, maps, labels):
+        from ..ocr.db_loss import db_loss
+        from ..ocr.db_targets import batch_targets
+
+        h, w = maps.shape[-2], maps.shape[-1]
+        targets = batch_targets(labels.numpy(), h, w, shrink_ratio=self.shrink_ratio)
+        return db_loss(maps, targets)
+
+    # ------------------------------------------------------------------ numpy side
+    def boxes(self, outputs: np.ndarray, out_sizes=None):
+        return detect_batch(outputs, self.params, out_sizes)
+
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        from ..data.invoice_pages import unpack_quads
+
+        preds = [q for q, _ in self.boxes(outputs)]
+        return detection_scores(preds, unpack_quads(labels), self.iou)
+
+    def decode(self, outputs: np.ndarray, info: dict) -> list[dict]:
+        res = detect_batch(outputs, DBParams.from_dict(info))
+        return [{"boxes": np.round(q, 1).tolist(), "scores": np.round(s, 4).tolist()} for q, s in res]
+
+    def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
+        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]),
+                "channels": int(data_cfg.get("channels", 1)), "mean": 0.5, "std": 0.5, "resize": "stretch",
+                "color": "L"}
+
+    def postprocess_spec(self, info: dict) -> dict:
+        return {"type": "db", **self.params.to_dict(), "iou": self.iou, "shrink_ratio": self.shrink_ratio}

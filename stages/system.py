@@ -1,0 +1,252 @@
+"""system: one OCR bundle from a gated detection run and a gated recognition run.
+
+Inputs are the two parts' published bundles (artifacts of other runs, see pipeline/composite.py);
+nothing here imports another stage. On synthetic invoice pages from a seed neither model saw,
+the flow page → boxes → crops → recognition runs per engine row, and each row is gated:
+  paddle-inference fp32 (the reference chain): line accuracy and field accuracy floors;
+  int8 / bf16 / fp16 pairs from the bundles, the Lite x86 .nb pair, HTTP /ocr: drop vs the fp32 chain.
+Then the bundle is assembled, verifies itself (hashes, both model bundles, the system on its
+sample pages) and is published next to the parts' bundles.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from pipeline import env
+from pipeline.artifacts import atomic_write_text, describe_files, write_json
+from pipeline.bundle import FORMAT_VERSION, write_archive
+from pipeline.composite import part_configs
+from pipeline.config import ROOT
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.gates import FAIL, OK, Check, Gate, metric_check, skipped
+from pipeline.runner import Stage, StageContext, StageResult
+
+log = logging.getLogger("pipeline")
+METRIC = "line_accuracy"
+
+
+def _bundle_folder(ctx: StageContext, role: str) -> Path:
+    name = ctx.input_manifests[role]["info"]["name"]
+    return ctx.inputs[role] / name
+
+
+def _eval_pages(ctx, det_cfg: dict, rec_cfg: dict, parts: dict) -> dict:
+    from pipeline.data.invoice_pages import load_or_render
+
+    d = parts["detection"].data
+    pre = det_cfg["preprocess"]
+    # a seed neither part trained or validated on (they use seed and seed + 1)
+    return load_or_render(ctx.cfg.system.pages, ctx.cfg.seed + 7919, pre["height"], pre["width"],
+                          max_boxes=64, fonts=list(d.fonts), charset=rec_cfg["postprocess"]["charset"],
+                          max_len=parts["recognition"].data.max_len, cache_dir=d.cache_dir)
+
+
+def _score(lines, pages, keys) -> dict:
+    from pipeline.data.invoice_pages import FIELDS, unpack_quads
+    from pipeline.ocr.system_metrics import system_scores
+
+    texts = [[t for t in row if t] for row in pages["texts"]]
+    fields = [dict(zip(FIELDS, row)) for row in pages["fields"]]
+    return system_scores(lines, unpack_quads(pages["quads"]), texts, fields, keys)
+
+
+def _row(subject, precision, effective, lines, pages, keys, ref=None, ref_lines=None, drop=0.0,
+         floors=(0.0, 0.0)) -> Gate:
+    from pipeline.ocr.system_metrics import agreement
+
+    s = _score(lines, pages, keys)
+    g = Gate("system", subject, precision, effective, METRIC, value=s[METRIC])
+    g.extra = {**s}
+    if ref is None:      # the fp32 chain: absolute floors
+        g.checks = [Check(METRIC, s[METRIC], floors[0], ">=", s[METRIC] >= floors[0]),
+                    Check("field_accuracy", s["field_accuracy"], floors[1], ">=", s["field_accuracy"] >= floors[1])]
+    else:
+        g.reference = ref[METRIC]
+        g.checks = [metric_check(METRIC, s[METRIC], ref[METRIC], drop),
+                    metric_check("field_accuracy", s["field_accuracy"], ref["field_accuracy"], drop)]
+        g.extra["agreement_with_fp32"] = round(agreement(lines, ref_lines), 4)
+    g.status = OK if all(c.passed for c in g.checks) else FAIL
+    g.reason = "; ".join(c.describe() for c in g.checks if not c.passed)
+    return g
+
+
+def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> tuple[list[Gate], list]:
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.ocr.system import read_pages
+    from pipeline.ocr.system_bundle import lite_engine, model_prefix, paddle_engine
+
+    sc = ctx.cfg.system
+    images = list(pages["images"])
+    t0 = time.perf_counter()
+    ref_lines = read_pages(images, paddle_engine(det_b / "server/fp32/inference", "fp32", threads),
+                           paddle_engine(rec_b / "server/fp32/inference", "fp32", threads), spec)
+    fp32 = _row("system paddle-inference fp32", "fp32", "fp32", ref_lines, pages, keys,
+                floors=(sc.min_line_accuracy, sc.min_field_accuracy))
+    fp32.seconds = round(time.perf_counter() - t0, 2)
+    fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
+    gates, ref = [fp32], fp32.extra
+    for prec in ("fp16", "bf16", "int8"):
+        subject = f"system paddle-inference {prec}"
+        if prec == "bf16":
+            ok, why = pi.bf16_status()
+            pair = (det_b / "server/fp32/inference", rec_b / "server/fp32/inference") if ok else None
+        else:
+            pair = (model_prefix(det_b, prec), model_prefix(rec_b, prec))
+            why = f"the bundles hold no {prec} model pair (server/{prec}/ in both)"
+            if prec == "fp16" and not env.capabilities().get("gpu"):
+                why = "fp16 runs only as an emulation on CPU (server stage row); no fp16 model is bundled"
+        if pair is None or None in pair:
+            gates.append(skipped("system", subject, prec, METRIC, why))
+            continue
+        t0 = time.perf_counter()
+        try:
+            det, rec = (paddle_engine(p, prec, threads) for p in pair)
+            lines = read_pages(images, det, rec, spec)
+            g = _row(subject, prec, prec, lines, pages, keys, ref, ref_lines, sc.gates[prec])
+        except PipelineError as exc:
+            g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
+        g.seconds = round(time.perf_counter() - t0, 2)
+        gates.append(g)
+    det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
+    subject = "system lite x86 fp32"
+    if det_nb.is_file() and rec_nb.is_file():
+        t0 = time.perf_counter()
+        try:
+            lines = read_pages(images, lite_engine(det_nb, spec_shape(det_b), ctx.cfg.lite.timeout),
+                               lite_engine(rec_nb, spec_shape(rec_b), ctx.cfg.lite.timeout), spec, rec_batch=4096)
+            g = _row(subject, "fp32", "fp32", lines, pages, keys, ref, ref_lines, sc.gates["lite"])
+        except PipelineError as exc:
+            g = Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
+        g.seconds = round(time.perf_counter() - t0, 2)
+        gates.append(g)
+    else:
+        gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb pair"))
+    return gates, ref_lines
+
+
+def spec_shape(sub: Path) -> list:
+    from pipeline.bundle import load_infer_config
+
+    return load_infer_config(sub)["input"]["shape"]
+
+
+def _http_row(ctx, folder: Path, pages, ref_lines, threads) -> Gate:
+    from pipeline.ocr.service import http_ocr_gate
+    from pipeline.ocr.system_metrics import agreement
+
+    n = min(ctx.cfg.system.http_pages, len(pages["images"]))
+    subject = "system http /ocr fp32"
+    t0 = time.perf_counter()
+    try:
+        res = http_ocr_gate(folder, list(pages["images"][:n]), threads=threads)
+    except PipelineError as exc:
+        return Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
+    diff = 1.0 - agreement(res["lines"], ref_lines[:n])
+    limit = ctx.cfg.system.gates["http"]
+    g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
+             checks=[Check("lines_differing_from_fp32_chain", diff, limit, "<=", diff <= limit + 1e-12)])
+    g.status = OK if g.checks[0].passed else FAIL
+    g.reason = "" if g.status == OK else g.checks[0].describe()
+    g.extra = {"latency_ms": res["latency_ms"], "requests": n}
+    g.seconds = round(time.perf_counter() - t0, 2)
+    return g
+
+
+def _infer_config(keys: dict, ref: dict) -> dict:
+    return {"format_version": FORMAT_VERSION, "task": "ocr_system", "detection": "detection",
+            "recognition": "recognition", "flow": "page -> DB boxes -> perspective crops -> CTC recognition",
+            "fields": keys, "verify": {"max_disagreement": 0.05},
+            "metrics_on_build": {k: ref[k] for k in ("line_accuracy", "field_accuracy")}}
+
+
+def _model_card(name: str, gates: list[Gate], parts: dict) -> str:
+    lines = [f"# {name}", "", "OCR system: page → DB text boxes → perspective crops → CTC recognition → lines with "
+             "boxes and scores. Sub-bundles: `detection/`, `recognition/` (each with its own model card).", "",
+             "## System gates", "", "| checked | precision | line accuracy | field accuracy | verdict |",
+             "|---|---|---|---|---|"]
+    for g in gates:
+        la, fa = g.extra.get("line_accuracy"), g.extra.get("field_accuracy")
+        lines.append(f"| {g.subject} | {g.precision_effective} | {'' if la is None else f'{la:.4f}'} | "
+                     f"{'' if fa is None else f'{fa:.4f}'} | {g.status}{(': ' + g.reason) if g.reason else ''} |")
+    lines += ["", "Parts: " + ", ".join(f"{r}: run `{p.run.name}`" for r, p in parts.items()), "",
+              "Serve: `python -m pipeline serve <bundle>` → POST /ocr with a page image; "
+              "verify: `python -m pipeline verify <bundle>`.", ""]
+    return "\n".join(lines)
+
+
+def run(ctx: StageContext) -> StageResult:
+    from pipeline.data.invoice_pages import keys_for
+    from pipeline.ocr.system import SystemSpec
+    from pipeline.bundle import load_infer_config
+    from pipeline.ocr.system_bundle import verify_system, write_samples
+
+    cfg, sc = ctx.cfg, ctx.cfg.system
+    parts = part_configs(cfg)
+    det_b, rec_b = _bundle_folder(ctx, "detection"), _bundle_folder(ctx, "recognition")
+    det_cfg, rec_cfg = load_infer_config(det_b), load_infer_config(rec_b)
+    spec = SystemSpec.from_infer_configs(det_cfg, rec_cfg)
+    keys = keys_for(rec_cfg["postprocess"]["charset"])
+    pages = _eval_pages(ctx, det_cfg, rec_cfg, parts)
+    threads = cfg.server.threads or env.cpu_count()
+    log.info("[system] reading %d pages per engine row", len(pages["images"]))
+    gates, ref_lines = _engine_rows(ctx, det_b, rec_b, spec, pages, keys, threads)
+    ref = gates[0].extra
+
+    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    name = f"{cfg.run.name}-{version}"
+    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
+    if (root / name).exists():
+        raise ConfigError(f"bundle {root / name} already exists; bundles are never overwritten",
+                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
+    b = ctx.out_dir / name
+    shutil.copytree(det_b, b / "detection")
+    shutil.copytree(rec_b, b / "recognition")
+    k = min(sc.samples, len(pages["images"]))
+    write_samples(b, list(pages["images"][:k]), ref_lines[:k])
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(_infer_config(keys, ref), sort_keys=False,
+                                                              allow_unicode=True))
+    atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts))
+    part_gates = [g for r in ("detection", "recognition") for g in ctx.input_manifests[r].get("gates", [])]
+    write_json(b / "manifest.json", {
+        "format_version": FORMAT_VERSION, "name": name, "version": version, "task": "ocr_system",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": describe_files(b),
+        "versions": env.versions(), "git_commit": env.git_commit(), "hardware": env.hardware(),
+        "config": cfg.to_dict(), "gates": [g.to_dict() for g in gates], "part_bundle_gates": part_gates,
+        "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in ("detection", "recognition")}})
+
+    if sc.http_pages:
+        gates.append(_http_row(ctx, b, pages, ref_lines, threads))
+    t0 = time.perf_counter()
+    report = verify_system(b, timeout=cfg.lite.timeout, threads=threads)
+    vg = Gate("system", "system bundle self-verification", "fp32", "fp32", "sample lines",
+              checks=[Check(**c) for c in report["checks"]])
+    vg.status = OK if report["ok"] else FAIL
+    vg.reason = "; ".join(c.describe() for c in vg.checks if not c.passed)
+    vg.seconds = round(time.perf_counter() - t0, 2)
+    gates.append(vg)
+    if cfg.bundle.archive:
+        write_archive(b, ctx.out_dir / f"{name}.tar.gz")
+    if all(g.status != FAIL for g in gates):
+        from pipeline.bundle import publish
+        publish(ctx.out_dir, name, root, cfg.bundle.archive)
+    summary = {k2: ref[k2] for k2 in ("line_accuracy", "field_accuracy", "lines", "fields")}
+    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
+                       metrics=summary, info={"bundle": str(root / name), "name": name,
+                                              "archive": str(root / name) + ".tar.gz" if cfg.bundle.archive else None})
+
+
+def _external(cfg) -> dict[str, Path]:
+    return {role: part.run_dir / "bundle" for role, part in part_configs(cfg).items()}
+
+
+STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite"), make_target="deploy",
+              run=run, external_inputs=_external,
+              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py"),
+              description="OCR system bundle from a gated detection and a gated recognition run, end-to-end gates")
