@@ -150,7 +150,8 @@ def _table(p: _Painter, r: random.Random, charset: str, max_len: int, sizes: ran
         if y + row_h > p.h - 2 * row_h:
             break
         ty = y + (row_h - size * 1.2) / 2
-        code = random_text(r, min(max_len, 10), charset)
+        cjk = keys_for(charset) is KEYS_CJK and r.random() < 0.6      # item names on Chinese invoices
+        code = _cjk_word(r, charset, r.randint(2, 6)) if cjk else random_text(r, min(max_len, 10), charset)
         qty = str(r.randint(1, 999))
         amount = random_text_of(r, "amount", min(max_len, 10), charset)
         if cols[0] + p.width(code, size) < cols[1] - size:

@@ -1,0 +1,115 @@
+"""Integration: the tiny OCR system through the CLI — detection chain, recognition-on-page-crops chain,
+the system stage, its bundle's verify and the /ocr service."""
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def cli(*args, check=False):
+    res = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ), timeout=1200)
+    if check and res.returncode != 0:
+        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def system_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    args = ["-c", "configs/smoke_ocr_system.yaml", "-o", f"run.root={root}", "-o", f"bundle.root={root}/bundles"]
+    res = cli("run", "train", "export", "deploy", *args, check=True)
+    return root, args, res
+
+
+def _manifest(root, run, stage):
+    return json.loads((root / run / stage / "manifest.json").read_text())
+
+
+def test_detection_chain_gated_on_maps_and_hmean(system_run):
+    root = system_run[0]
+    for stage in ("train", "export", "server", "lite", "bundle"):
+        man = _manifest(root, "smoke_ocr_det", stage)
+        assert man["status"] == "OK", stage
+        assert all(g["status"] in ("OK", "SKIPPED") for g in man["gates"]), stage
+    server = {g["subject"]: g for g in _manifest(root, "smoke_ocr_det", "server")["gates"]}
+    assert server["paddle-inference fp32"]["metric"] == "hmean"
+    assert {c["name"] for c in server["paddle-inference fp32"]["checks"]} >= {"finite", "max_abs_diff", "hmean_drop"}
+    assert server["http /predict fp32"]["status"] == "OK"
+    lite = {g["subject"]: g for g in _manifest(root, "smoke_ocr_det", "lite")["gates"]}
+    assert lite["lite x86 fp32"]["status"] == "OK" and lite["lite x86 fp32"]["value"] is not None
+    # the bundle carries the DB post-processing parameters the gates used
+    import yaml
+    name = _manifest(root, "smoke_ocr_det", "bundle")["info"]["name"]
+    infer = yaml.safe_load((root / "bundles" / name / "infer_config.yaml").read_text())
+    assert infer["task"] == "detection" and infer["postprocess"]["type"] == "db"
+    assert infer["postprocess"]["thresh"] == 0.5 and infer["postprocess"]["unclip_ratio"] == 1.5
+
+
+def test_system_rows_and_bundle(system_run):
+    root = system_run[0]
+    man = _manifest(root, "smoke_ocr_system", "system")
+    gates = {g["subject"]: g for g in man["gates"]}
+    assert gates["paddle-inference fp32"]["status"] == "OK"
+    assert {"line_accuracy", "field_accuracy"} <= set(gates["paddle-inference fp32"]["extra"])
+    assert gates["paddle-inference int8"]["status"] == "OK"
+    assert gates["lite x86 fp32"]["status"] == "OK" and "agreement_with_fp32" in gates["lite x86 fp32"]["extra"]
+    assert gates["paddle-inference fp16"]["status"] == "SKIPPED" and gates["paddle-inference fp16"]["reason"]
+    assert gates["http /ocr fp32"]["status"] == "OK" and gates["http /ocr fp32"]["value"] == 0.0
+    assert gates["bundle self-verification"]["status"] == "OK"
+    bundle = Path(man["info"]["bundle"])
+    files = json.loads((bundle / "manifest.json").read_text())["files"]
+    for required in ("detection/server/fp32/inference.pdmodel", "recognition/mobile/x86_fp32.nb",
+                     "detection/manifest.json", "infer_config.yaml", "samples/page_000.png", "samples/expected.json"):
+        assert required in files, required
+    assert Path(str(bundle) + ".tar.gz").is_file()
+
+
+def test_verify_system_archive_and_tamper(system_run, tmp_path):
+    root = system_run[0]
+    bundle = Path(_manifest(root, "smoke_ocr_system", "system")["info"]["bundle"])
+    res = cli("verify", str(bundle) + ".tar.gz", check=True)
+    assert "system server fp32 lines differing" in res.stdout and "system lite x86 fp32" in res.stdout
+    import shutil
+    copy = tmp_path / bundle.name
+    shutil.copytree(bundle, copy)
+    with open(copy / "recognition" / "infer_config.yaml", "a") as f:
+        f.write("\n# edited\n")
+    res = cli("verify", str(copy))
+    assert res.returncode != 0 and "recognition/infer_config.yaml" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_serve_ocr_answers_lines_with_boxes(system_run):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serve import create_app
+
+    root = system_run[0]
+    bundle = Path(_manifest(root, "smoke_ocr_system", "system")["info"]["bundle"])
+    expected = json.loads((bundle / "samples" / "expected.json").read_text())["pages"][0]
+    body = (bundle / expected["file"]).read_bytes()
+    with TestClient(create_app(bundle), raise_server_exceptions=False) as client:
+        assert client.get("/health").json()["task"] == "ocr_system"
+        r = client.post("/ocr", content=body, headers={"content-type": "image/png"})
+        assert r.status_code == 200, r.text
+        lines = r.json()["lines"]
+        assert [ln["text"] for ln in lines] == [ln["text"] for ln in expected["lines"]]
+        for ln in lines:
+            assert np.asarray(ln["box"]).shape == (4, 2) and 0.0 <= ln["score"] <= 1.0
+        bad = client.post("/ocr", content=b"not an image", headers={"content-type": "image/png"})
+        assert bad.status_code == 400 and "error" in bad.json()
+        assert client.post("/ocr", content=body, headers={"content-type": "text/plain"}).status_code == 415
+        # a page of another size goes through the same resize rule
+        big = Image.open(io.BytesIO(body)).resize((400, 300))
+        buf = io.BytesIO()
+        big.save(buf, format="PNG")
+        assert client.post("/ocr", content=buf.getvalue(), headers={"content-type": "image/png"}).status_code == 200
