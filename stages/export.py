@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from pipeline import ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text, require_file
 from pipeline.gates import Gate, evaluate
 from pipeline.runner import Stage, StageContext, StageResult
@@ -61,5 +62,5 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
-              code_deps=("pipeline/tasks", "pipeline/models", "pipeline/ocr", "pipeline/gates.py"),
+              code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from pipeline import ocr
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.capabilities import host_arch
@@ -128,5 +129,6 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
-              code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/reference.py"),
+              code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
+                         "pipeline/reference.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from pipeline import env
+from pipeline import env, ocr
 from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
@@ -311,5 +311,6 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
-              run=run, code_deps=("pipeline/engines", "pipeline/tasks", "pipeline/gates.py", "pipeline/serve.py", "pipeline/reference.py"),
+              run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
+                                  "pipeline/serve.py", "pipeline/reference.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")

@@ -80,7 +80,7 @@ def _row(subject, precision, effective, lines, pages, keys, ref=None, ref_lines=
 def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> tuple[list[Gate], list]:
     from pipeline.engines import paddle_infer as pi
     from pipeline.ocr.system import read_pages
-    from pipeline.ocr.system_bundle import lite_engine, model_prefix, paddle_engine
+    from pipeline.ocr.system_bundle import LITE_BATCH, lite_engine, model_prefix, paddle_engine
 
     sc = ctx.cfg.system
     images = list(pages["images"])
@@ -109,7 +109,7 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
         try:
             det, rec = (paddle_engine(p, prec, threads) for p in pair)
             lines = read_pages(images, det, rec, spec)
-            g = _row(subject, prec, prec, lines, pages, keys, ref, ref_lines, sc.gates[prec])
+            g = _row(subject, prec, _effective(det, rec), lines, pages, keys, ref, ref_lines, sc.gates[prec])
         except PipelineError as exc:
             g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
         g.seconds = round(time.perf_counter() - t0, 2)
@@ -119,9 +119,10 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
     if det_nb.is_file() and rec_nb.is_file():
         t0 = time.perf_counter()
         try:
-            lines = read_pages(images, lite_engine(det_nb, spec_shape(det_b), ctx.cfg.lite.timeout),
-                               lite_engine(rec_nb, spec_shape(rec_b), ctx.cfg.lite.timeout), spec, rec_batch=4096)
-            g = _row(subject, "fp32", "fp32", lines, pages, keys, ref, ref_lines, sc.gates["lite"])
+            det = lite_engine(det_nb, spec_shape(det_b), ctx.cfg.lite.timeout)
+            rec = lite_engine(rec_nb, spec_shape(rec_b), ctx.cfg.lite.timeout)
+            lines = read_pages(images, det, rec, spec, batch=LITE_BATCH)
+            g = _row(subject, "fp32", _effective(det, rec), lines, pages, keys, ref, ref_lines, sc.gates["lite"])
         except PipelineError as exc:
             g = Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
         g.seconds = round(time.perf_counter() - t0, 2)
@@ -129,6 +130,12 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
     else:
         gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb pair"))
     return gates, ref_lines
+
+
+def _effective(det, rec) -> str:
+    """What the two engines really ran (each engine's own evidence), e.g. "int8" or "int8/fp32"."""
+    a, b = det.effective_precision, rec.effective_precision
+    return a if a == b else f"{a}/{b}"
 
 
 def spec_shape(sub: Path) -> list:

@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 
-from pipeline import amp, checkpoint, env
+from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.errors import ConfigError, DataError, NonFiniteError
 from pipeline.gates import FAIL, OK, Check, Gate

@@ -1,14 +1,13 @@
 """The OCR system: page → DB boxes → perspective crops → CTC recognition → lines with boxes and scores.
 
-Engines are plain callables `run(x: float32 [N, C, H, W]) -> outputs` (Paddle Inference, a Lite
-.nb in a subprocess, ...), so the same flow, pre- and post-processing serve every gate row,
-`verify` and `serve` /ocr. Pages are batched per model: one detection call for all pages,
-one recognition call for all crops (a Lite run is a subprocess: two per batch, not two per line).
+Engines are pipeline.engines.base.Engine objects (Paddle Inference, a Lite .nb run in a subprocess,
+...), so the same flow, pre- and post-processing serve every gate row, `verify` and `serve` /ocr.
+Pages are batched per model: detection over all pages, recognition over all crops (with a large
+`batch`, a Lite run costs two subprocesses per call, not two per line).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from PIL import Image
@@ -17,9 +16,6 @@ from ..preprocess import fit_image, to_tensor
 from ..text_metrics import ctc_greedy_decode, decode_indices
 from .crop import crop_quad
 from .db_post import DBParams, detect_batch
-
-Engine = Callable[[np.ndarray], np.ndarray]
-
 
 @dataclass
 class SystemSpec:
@@ -50,11 +46,12 @@ def _line_scores(logits: np.ndarray) -> list[float]:
     return out
 
 
-def read_pages(pages: list[np.ndarray], det: Engine, rec: Engine, spec: SystemSpec,
-               rec_batch: int = 64) -> list[list[dict]]:
-    """uint8 pages [H, W] (any size) → per page, lines {"box", "text", "score", "det_score"} in reading order."""
+def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int = 16) -> list[list[dict]]:
+    """uint8 pages [H, W] (any size) → per page, lines {"box", "text", "score", "det_score"} in reading order.
+
+    det, rec: engines (pipeline.engines.base.Engine) for the detection and recognition models."""
     det_in = np.stack([fit_image(Image.fromarray(p), spec.det_pre) for p in pages])
-    maps = det(to_tensor(det_in, spec.det_pre))
+    maps = det.run_batched(to_tensor(det_in, spec.det_pre), batch)
     found = detect_batch(maps, DBParams.from_dict(spec.det_post), [p.shape[:2] for p in pages])
     crops, owner = [], []
     for i, (quads, _) in enumerate(found):
@@ -65,7 +62,7 @@ def read_pages(pages: list[np.ndarray], det: Engine, rec: Engine, spec: SystemSp
     scores: list[float] = []
     if crops:
         x = to_tensor(np.stack(crops), spec.rec_pre)
-        logits = np.concatenate([rec(x[k:k + rec_batch]) for k in range(0, len(x), rec_batch)])
+        logits = rec.run_batched(x, 4 * batch)
         texts = decode_indices(ctc_greedy_decode(logits), spec.rec_post["charset"])
         scores = _line_scores(logits)
     result: list[list[dict]] = [[] for _ in pages]
