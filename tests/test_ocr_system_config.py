@@ -1,0 +1,41 @@
+"""The system config: its two parts, their shared run settings, and a clear refusal before the parts exist."""
+from pathlib import Path
+
+import pytest
+
+from pipeline.composite import part_configs
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_parts_share_the_system_run_settings(tmp_path):
+    cfg = load_config([ROOT / "configs" / "smoke_ocr_system.yaml"],
+                      [f"run.root={tmp_path}", f"bundle.root={tmp_path}/b"])
+    parts = part_configs(cfg)
+    assert parts["detection"].task == "detection" and parts["recognition"].task == "recognition"
+    assert parts["recognition"].data.source == "pages"
+    for part in parts.values():
+        assert part.run_dir.parent == tmp_path and part.bundle.root == f"{tmp_path}/b" and part.run.quiet
+
+
+def test_part_with_the_wrong_task_or_missing_is_refused(tmp_path):
+    cfg = load_config([ROOT / "configs" / "ocr_system.yaml"], ["system.detection=configs/ocr_rec.yaml"])
+    with pytest.raises(ConfigError, match="expected detection"):
+        part_configs(cfg)
+    cfg = load_config([ROOT / "configs" / "ocr_system.yaml"], ["system.recognition=null"])
+    with pytest.raises(ConfigError, match="system.recognition is empty"):
+        part_configs(cfg)
+    with pytest.raises(ConfigError, match="task: ocr_system"):
+        part_configs(load_config([ROOT / "configs" / "ocr_det.yaml"]))
+
+
+def test_system_stage_before_the_parts_names_what_to_run(tmp_path):
+    from pipeline.runner import Runner
+
+    cfg = load_config([ROOT / "configs" / "smoke_ocr_system.yaml"], [f"run.root={tmp_path}"])
+    [outcome] = Runner(cfg).run(["system"])
+    assert outcome.status == "ERROR" and outcome.error.exit_code == 3
+    assert "gated 'detection' output" in outcome.error.message
+    assert "make train export deploy" in outcome.error.hint
