@@ -22,7 +22,7 @@ PADDLE_gpu := paddlepaddle-gpu==2.6.2
 ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
-.PHONY: setup train export deploy server lite bundle all test test-fast test-reversed test-profiles bench bench-train amp-bench \
+.PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean
 
 setup: $(STAMP)
@@ -61,6 +61,10 @@ summary: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The OCR system end to end (detection + recognition + system stage, Chinese head size): minutes.
+test-ocr: $(STAMP)
+	PIPELINE_OCR_E2E=1 $(PY) -m pytest -q tests/test_det_chain.py tests/test_ocr_chain.py tests/test_ocr_zh.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow"

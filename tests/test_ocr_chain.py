@@ -1,5 +1,6 @@
 """Integration: the tiny OCR system through the CLI — detection chain, recognition-on-page-crops chain,
-the system stage, its bundle's verify and the /ocr service."""
+the system stage, its bundle's verify and the /ocr service. Minutes on two cores, so opt-in:
+`make test-ocr` (PIPELINE_OCR_E2E=1); `make test` covers the detection chain (tests/test_det_chain.py)."""
 import io
 import json
 import os
@@ -12,7 +13,9 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("PIPELINE_OCR_E2E") != "1",
+                                 reason="OCR system end to end takes minutes: run `make test-ocr`")]
 
 
 def cli(*args, check=False):
@@ -35,24 +38,11 @@ def _manifest(root, run, stage):
     return json.loads((root / run / stage / "manifest.json").read_text())
 
 
-def test_detection_chain_gated_on_maps_and_hmean(system_run):
+def test_parts_passed_their_gates(system_run):
     root = system_run[0]
-    for stage in ("train", "export", "server", "lite", "bundle"):
-        man = _manifest(root, "smoke_ocr_det", stage)
-        assert man["status"] == "OK", stage
-        assert all(g["status"] in ("OK", "SKIPPED") for g in man["gates"]), stage
-    server = {g["subject"]: g for g in _manifest(root, "smoke_ocr_det", "server")["gates"]}
-    assert server["paddle-inference fp32"]["metric"] == "hmean"
-    assert {c["name"] for c in server["paddle-inference fp32"]["checks"]} >= {"finite", "max_abs_diff", "hmean_drop"}
-    assert server["http /predict fp32"]["status"] == "OK"
-    lite = {g["subject"]: g for g in _manifest(root, "smoke_ocr_det", "lite")["gates"]}
-    assert lite["lite x86 fp32"]["status"] == "OK" and lite["lite x86 fp32"]["value"] is not None
-    # the bundle carries the DB post-processing parameters the gates used
-    import yaml
-    name = _manifest(root, "smoke_ocr_det", "bundle")["info"]["name"]
-    infer = yaml.safe_load((root / "bundles" / name / "infer_config.yaml").read_text())
-    assert infer["task"] == "detection" and infer["postprocess"]["type"] == "db"
-    assert infer["postprocess"]["thresh"] == 0.5 and infer["postprocess"]["unclip_ratio"] == 1.5
+    for run in ("smoke_ocr_det", "smoke_ocr_rec"):
+        for stage in ("train", "export", "server", "lite", "bundle"):
+            assert _manifest(root, run, stage)["status"] == "OK", (run, stage)
 
 
 def test_system_rows_and_bundle(system_run):

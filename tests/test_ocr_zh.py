@@ -32,11 +32,13 @@ def test_chinese_pages_use_chinese_field_keys():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PIPELINE_OCR_E2E") != "1",
+                    reason="the 7021-class chain takes minutes: run `make test-ocr`")
 def test_recognition_chain_at_realistic_head_size(tmp_path):
     tiny = ["run.quiet=true", "data.num_train=256", "data.num_val=32", "train.epochs=1", "train.min_metric=0.0",
             "train.val_slice=16", "server.precisions=[fp32,int8]", "server.gates.int8.metric_delta=1.0",
             "server.perf.repeats=3", "server.perf.batch_size=8", "server.quant.batch_size=8",
-            "server.quant.batch_nums=2", "server.http.max_requests=2", "lite.arm=[fp32]", "bundle.samples=2",
+            "server.quant.batch_nums=2", "server.http.enable=false", "lite.arm=[fp32]", "bundle.samples=2",
             f"run.root={tmp_path}", f"bundle.root={tmp_path}/bundles"]
     args = [a for o in tiny for a in ("-o", o)]
     res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", "-c", "configs/ocr_rec_pages_zh.yaml", *args],
