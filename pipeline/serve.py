@@ -109,8 +109,9 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
     if cfg.get("task") == "ocr_system":          # two models and POST /ocr: pipeline/ocr/service.py
         from .ocr.service import create_ocr_app
         app = create_ocr_app(folder, threads=threads, max_body=max_body, name=manifest.get("name"),
-                             versions=manifest.get("versions"))
+                             versions=manifest.get("versions"), **limits)
         app.state.scratch = scratch
+        app.state.signature = signature
         return app
     app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
                                 max_body=max_body, name=manifest.get("name") or folder.name,

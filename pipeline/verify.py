@@ -80,7 +80,7 @@ def verify_bundle(path: Path, timeout: float = 120, threads: int = 0, key: str |
         cfg = load_infer_config(folder)
         if cfg.get("task") == "ocr_system":      # both model bundles, then the system on its sample pages
             from .ocr.system_bundle import verify_system
-            return verify_system(folder, timeout=timeout, threads=threads)
+            return {**verify_system(folder, timeout=timeout, threads=threads), "signature": signature}
         x, expected = _samples(folder, cfg)
         checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
         for name, make in _engines(folder, cfg, timeout, threads).items():

@@ -17,21 +17,31 @@ import numpy as np
 from fastapi import Request
 
 from ..errors import PipelineError
-from ..serve import IMAGE_TYPES, MAX_BODY_BYTES, BackgroundServer, _BadRequest, _LatencyLog, _read_body
+from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
+                     _LatencyLog, _read_body)
 
 
-def _decode_page(body: bytes) -> np.ndarray:
+def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
+    """The whole page, full resolution (crops are cut from it); the pixel limit is read from the header."""
+    import warnings
+
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(body)) as img:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(body))
+        with img:
+            if img.width * img.height > max_pixels:
+                raise _BadRequest(413, f"page is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
+                                       f"the limit is {max_pixels:,} (serve.max_pixels)")
             img.load()
             return np.asarray(img.convert("L"))
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise _BadRequest(400, f"not a readable PNG/JPEG page image ({exc})") from None
 
 
-async def _page_from_request(request, max_body: int) -> np.ndarray:
+async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:
     from starlette.requests import Request as StarletteRequest
 
     body = await _read_body(request, max_body)
@@ -52,12 +62,13 @@ async def _page_from_request(request, max_body: int) -> np.ndarray:
     elif ctype not in IMAGE_TYPES:
         raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg "
                                "or multipart/form-data")
-    return _decode_page(body)
+    return _decode_page(body, max_pixels)
 
 
 def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, name: str | None = None,
-                   versions: dict | None = None, log_requests: bool = True):
-    """App for an (already hash-verified) system bundle folder."""
+                   versions: dict | None = None, log_requests: bool = True, max_pixels: int = MAX_PIXELS,
+                   max_concurrency: int = MAX_CONCURRENCY):
+    """App for an (already hash-verified) system bundle folder; limits as in serve.create_app_from_model."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
@@ -85,18 +96,28 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
 
     @app.exception_handler(_BadRequest)
     async def _bad(_request, exc: _BadRequest):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"),
                 "versions": versions or env.versions()}
 
+    inflight = [0]          # requests past admission; one event loop thread: no lock needed
+
     @app.post("/ocr")
     async def ocr(request: Request):
-        page = await _page_from_request(request, max_body)
-        t0 = time.perf_counter()
-        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
+        if inflight[0] >= max_concurrency:
+            raise _BadRequest(429, f"{inflight[0]} requests already in progress, the limit is {max_concurrency} "
+                                   "(serve.max_concurrency); retry shortly")
+        inflight[0] += 1
+        try:
+            page = await _page_from_request(request, max_body, max_pixels)
+            t0 = time.perf_counter()
+            lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
+        finally:
+            inflight[0] -= 1
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 
