@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from ..errors import NonFiniteError
 from ..preprocess import fit_image, to_tensor
 from ..text_metrics import ctc_greedy_decode, decode_indices
 from .crop import crop_quad
@@ -46,12 +47,21 @@ def _line_scores(logits: np.ndarray) -> list[float]:
     return out
 
 
+def _finite(out: np.ndarray, what: str, engine) -> None:
+    """NaN/Inf fail first: boxes or text decoded from them would look like a plain accuracy drop."""
+    bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+    if bad:
+        raise NonFiniteError(f"system: the {what} model ({getattr(engine, 'kind', 'engine')} "
+                             f"{getattr(engine, 'effective_precision', '')}) produced {bad} NaN/Inf values")
+
+
 def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int = 16) -> list[list[dict]]:
     """uint8 pages [H, W] (any size) → per page, lines {"box", "text", "score", "det_score"} in reading order.
 
     det, rec: engines (pipeline.engines.base.Engine) for the detection and recognition models."""
     det_in = np.stack([fit_image(Image.fromarray(p), spec.det_pre) for p in pages])
     maps = det.run_batched(to_tensor(det_in, spec.det_pre), batch)
+    _finite(maps, "detection", det)
     found = detect_batch(maps, DBParams.from_dict(spec.det_post), [p.shape[:2] for p in pages])
     crops, owner = [], []
     for i, (quads, _) in enumerate(found):
@@ -63,6 +73,7 @@ def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int =
     if crops:
         x = to_tensor(np.stack(crops), spec.rec_pre)
         logits = rec.run_batched(x, 4 * batch)
+        _finite(logits, "recognition", rec)
         texts = decode_indices(ctc_greedy_decode(logits), spec.rec_post["charset"])
         scores = _line_scores(logits)
     result: list[list[dict]] = [[] for _ in pages]
