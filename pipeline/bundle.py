@@ -88,7 +88,10 @@ def load_infer_config(folder: Path) -> dict:
         cfg = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise IntegrityError(f"{path} is unreadable ({type(exc).__name__})", hint="rebuild the bundle with `make deploy`") from None
-    missing = [k for k in ("task", "input", "preprocess", "postprocess") if not isinstance(cfg, dict) or k not in cfg]
+    # an OCR system bundle names its two model bundles instead (pipeline/ocr/system_bundle.py)
+    required = ("task", "detection", "recognition") if isinstance(cfg, dict) and cfg.get("task") == "ocr_system" \
+        else ("task", "input", "preprocess", "postprocess")
+    missing = [k for k in required if not isinstance(cfg, dict) or k not in cfg]
     if missing:
         raise IntegrityError(f"{path} lacks {', '.join(missing)}", hint="rebuild the bundle with `make deploy`")
     return cfg

@@ -75,14 +75,14 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     from .. import env
     from ..bundle import load_infer_config
     from .system import read_pages
-    from .system_bundle import paddle_engine, spec_of
+    from .system_bundle import paddle_engine, spec_of, sub_bundle
 
     folder = Path(folder)
     spec, _, _ = spec_of(folder)
     cfg = load_infer_config(folder)
     threads = threads or env.cpu_count()
-    det = paddle_engine(folder / cfg["detection"] / "server/fp32/inference", "fp32", threads)
-    rec = paddle_engine(folder / cfg["recognition"] / "server/fp32/inference", "fp32", threads)
+    det = paddle_engine(sub_bundle(folder, cfg, "detection") / "server/fp32/inference", "fp32", threads)
+    rec = paddle_engine(sub_bundle(folder, cfg, "recognition") / "server/fp32/inference", "fp32", threads)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     name = name or folder.name
 

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from ..bundle import load_infer_config, verify_hashes
-from ..errors import MissingArtifact
+from ..errors import IntegrityError, MissingArtifact
 from ..gates import Check
 from .system import SystemSpec, read_pages
 from .system_metrics import agreement
@@ -26,10 +26,22 @@ from .system_metrics import agreement
 VERIFY_MAX_DISAGREEMENT = 0.05     # share of sample lines an engine may read differently from the bundle's record
 
 
+def sub_bundle(folder: Path, cfg: dict, role: str) -> Path:
+    """The model bundle folder a system bundle names for `role`: a plain sub-folder, nothing else."""
+    name = cfg.get(role)
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise IntegrityError(f"{folder}/infer_config.yaml: {role} must name a sub-folder of the bundle, got {name!r}",
+                             hint="rebuild the bundle with `make deploy CONFIG=configs/ocr_system.yaml`")
+    if not (Path(folder) / name / "infer_config.yaml").is_file():
+        raise IntegrityError(f"{folder}/{name} is not a model bundle (no infer_config.yaml)")
+    return Path(folder) / name
+
+
 def spec_of(folder: Path) -> tuple[SystemSpec, dict, dict]:
     folder = Path(folder)
     cfg = load_infer_config(folder)
-    det, rec = load_infer_config(folder / cfg["detection"]), load_infer_config(folder / cfg["recognition"])
+    det = load_infer_config(sub_bundle(folder, cfg, "detection"))
+    rec = load_infer_config(sub_bundle(folder, cfg, "recognition"))
     return SystemSpec.from_infer_configs(det, rec), det, rec
 
 
@@ -90,15 +102,16 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     cfg = load_infer_config(folder)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]
     for role in ("detection", "recognition"):
-        sub = verify_bundle(folder / cfg[role], timeout=timeout, threads=threads)
+        sub = verify_bundle(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
         checks += [{**c, "name": f"{role}: {c['name']}"} for c in sub["checks"]]
     spec, det_cfg, rec_cfg = spec_of(folder)
     pages, expected = _sample_pages(folder)
     threads = threads or cpu_count()
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
-    runs = {"server fp32": (paddle_engine(folder / cfg["detection"] / "server/fp32/inference", "fp32", threads),
-                            paddle_engine(folder / cfg["recognition"] / "server/fp32/inference", "fp32", threads))}
-    det_nb, rec_nb = folder / cfg["detection"] / "mobile/x86_fp32.nb", folder / cfg["recognition"] / "mobile/x86_fp32.nb"
+    det_b, rec_b = sub_bundle(folder, cfg, "detection"), sub_bundle(folder, cfg, "recognition")
+    runs = {"server fp32": (paddle_engine(det_b / "server/fp32/inference", "fp32", threads),
+                            paddle_engine(rec_b / "server/fp32/inference", "fp32", threads))}
+    det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
     if det_nb.is_file() and rec_nb.is_file():
         runs["lite x86 fp32"] = (lite_engine(det_nb, det_cfg["input"]["shape"], timeout),
                                  lite_engine(rec_nb, rec_cfg["input"]["shape"], timeout))
