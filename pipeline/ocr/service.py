@@ -18,7 +18,7 @@ from fastapi import Request
 
 from ..errors import PipelineError
 from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
-                     _LatencyLog, _read_body)
+                     _ConcurrencyLimit, _LatencyLog, _read_body)
 
 
 def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
@@ -92,32 +92,23 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
         pool.shutdown(wait=True)
 
     app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.add_middleware(_LatencyLog, log_requests=log_requests)
+    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
+    app.add_middleware(_LatencyLog, log_requests=log_requests)      # outermost: 429s are logged and timed too
 
     @app.exception_handler(_BadRequest)
     async def _bad(_request, exc: _BadRequest):
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"),
                 "versions": versions or env.versions()}
 
-    inflight = [0]          # requests past admission; one event loop thread: no lock needed
-
     @app.post("/ocr")
     async def ocr(request: Request):
-        if inflight[0] >= max_concurrency:
-            raise _BadRequest(429, f"{inflight[0]} requests already in progress, the limit is {max_concurrency} "
-                                   "(serve.max_concurrency); retry shortly")
-        inflight[0] += 1
-        try:
-            page = await _page_from_request(request, max_body, max_pixels)
-            t0 = time.perf_counter()
-            lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
-        finally:
-            inflight[0] -= 1
+        page = await _page_from_request(request, max_body, max_pixels)
+        t0 = time.perf_counter()
+        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 
