@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..errors import DataError
 from .textlines import DEFAULT_CHARSET, random_text
 
-RENDER_VERSION = 2
+RENDER_VERSION = 3
 FIELDS = ("invoice_no", "date", "amount")
 # Field keys per script: the default charset has no space, so keys are single words.
 KEYS_LATIN = {"invoice_no": "INVOICE:", "date": "DATE:", "amount": "TOTAL:"}
@@ -199,7 +199,8 @@ def render_page(r: random.Random, rng: np.random.Generator, height: int, width: 
 
 def render_pages(n: int, seed: int, height: int, width: int, fonts: list[str] | None = None,
                  charset: str = DEFAULT_CHARSET, max_len: int = 16,
-                 sizes: tuple[int, int] = (14, 22)) -> list[Page]:
+                 sizes: tuple[int, int] = (16, 24)) -> list[Page]:
+    # font sizes: below ~16 px, ',' '.' ':' shrink to 1-2 pixels on a 320 px page and crops lose them
     if n < 0 or height < 64 or width < 64:
         raise DataError(f"cannot render {n} pages of {height}x{width} (pages need at least 64x64 pixels)")
     r, rng = random.Random(seed), np.random.default_rng(seed)
