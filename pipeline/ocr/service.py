@@ -18,7 +18,7 @@ from fastapi import Request
 
 from ..errors import PipelineError
 from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
-                     _ConcurrencyLimit, _LatencyLog, _read_body)
+                     _ConcurrencyLimit, _LatencyLog, read_body)
 
 
 def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
@@ -44,7 +44,7 @@ def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
 async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:
     from starlette.requests import Request as StarletteRequest
 
-    body = await _read_body(request, max_body)
+    body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send a page image (image/png or image/jpeg)")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
