@@ -38,7 +38,8 @@ def test_recognition_chain_at_realistic_head_size(tmp_path):
     tiny = ["run.quiet=true", "data.num_train=256", "data.num_val=32", "train.epochs=1", "train.min_metric=0.0",
             "train.val_slice=16", "server.precisions=[fp32,int8]", "server.gates.int8.metric_delta=1.0",
             "server.perf.repeats=3", "server.perf.batch_size=8", "server.quant.batch_size=8",
-            "server.quant.batch_nums=2", "server.http.enable=false", "lite.arm=[fp32]", "bundle.samples=2",
+            "server.quant.batch_nums=2", "server.http.enable=false", "server.engines=[paddle-inference]",
+            "server.tuning.threads=[0]", "server.tuning.rounds=1", "lite.arm=[fp32]", "bundle.samples=2",
             f"run.root={tmp_path}", f"bundle.root={tmp_path}/bundles"]
     args = [a for o in tiny for a in ("-o", o)]
     res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", "-c", "configs/ocr_rec_pages_zh.yaml", *args],
