@@ -62,8 +62,8 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
-def output_classes(model, x: np.ndarray, task=None, name: str = "model") -> int | None:
-    """Size of the model's last output dimension, from one forward pass on one sample.
+def output_shape(model, x: np.ndarray, task=None, name: str = "model") -> list[int]:
+    """Shape of the model's output on one sample (a fact of the model: classes, CTC time steps).
 
     With a task, this is also the model's entrance check: a model without parameters, one that
     fails on the configured input, or one whose output rank does not fit the task is refused here,
@@ -91,7 +91,12 @@ def output_classes(model, x: np.ndarray, task=None, name: str = "model") -> int 
         raise ConfigError(f"model.name '{name}' outputs shape {list(out.shape)} (rank {len(out.shape)}); "
                           f"the {task.name} task needs rank {rank}: {layout}",
                           hint=f"end the model with layers that produce {layout} (e.g. Flatten + Linear)")
-    return int(out.shape[-1])
+    return [int(d) for d in out.shape]
+
+
+def output_classes(model, x: np.ndarray, task=None, name: str = "model") -> int | None:
+    """Size of the model's last output dimension, from one forward pass on one sample."""
+    return output_shape(model, x, task, name)[-1]
 
 
 def check_labels(classes: int | None, labels: np.ndarray, where: str) -> None:
@@ -148,7 +153,10 @@ def run(ctx: StageContext) -> StageResult:
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
     model = task.build_model(cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
-    classes = output_classes(model, first, task, cfg.model.name)
+    shape = output_shape(model, first, task, cfg.model.name)
+    if hasattr(task, "check_output_shape"):
+        task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
+    classes = shape[-1]
     if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
         check_labels(classes, ds.train.labels, "training set")
         check_labels(classes, ds.val.labels, "validation set")

@@ -149,8 +149,16 @@ def test_task_data_specs_and_geometry_check(tmp_path):
     assert ds.info["charset"] == DEFAULT_CHARSET
     assert task.preprocess_spec(_tiny_cfg(tmp_path), ds.info)["resize"] == "pad_right"
     assert task.postprocess_spec(ds.info) == {"type": "ctc_greedy", "blank": 0, "charset": DEFAULT_CHARSET}
-    with pytest.raises(ConfigError, match="time steps"):
-        task.load_data({**_tiny_cfg(tmp_path), "max_len": 12}, seed=0)     # 16 steps < 23
+    with pytest.raises(ConfigError, match="16 CTC time steps"):     # CRNN: width/4 = 16 steps < 23
+        task.check_output_shape([1, 16, len(DEFAULT_CHARSET) + 1], {**ds.info, "max_len": 12})
+    # time steps come from the model: the SVTR recogniser keeps width/8 (like PP-OCRv3)
+    svtr = task.build_model({"name": "svtr_lcnet", "args": {}}, ds.info)
+    import paddle
+    out = svtr(paddle.zeros([1, 1, 32, 64]))
+    assert list(out.shape) == [1, 8, len(DEFAULT_CHARSET) + 1]
+    task.check_output_shape(list(out.shape), {**ds.info, "max_len": 4})
+    with pytest.raises(ConfigError, match="1 step per 8 pixels"):
+        task.check_output_shape(list(out.shape), ds.info)          # 8 steps < 2*6-1
     with pytest.raises(ConfigError):
         task.build_model({"name": "resnet"}, ds.info)
 

@@ -15,7 +15,7 @@ class ClassificationTask:
 
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         h, w = data_cfg["height"], data_cfg["width"]
-        info = {"source": data_cfg["source"], "channels": data_cfg["channels"]}
+        info = {"source": data_cfg["source"], "channels": data_cfg["channels"], "height": h, "width": w}
         if data_cfg["source"] == "synthetic":
             if h != w:
                 raise ConfigError(f"synthetic characters are square: data.height ({h}) must equal data.width ({w})",
@@ -39,16 +39,11 @@ class ClassificationTask:
         return Datasets(Split(images[tr], labels[tr], skipped), Split(images[va], labels[va]), info)
 
     def build_model(self, model_cfg: dict, info: dict):
-        n = len(info["labels"])
-        if model_cfg["name"] == "small_cnn":
-            from ..models.small_cnn import SmallCNN
-            try:
-                return SmallCNN(n, **{"in_channels": info.get("channels", 1), **model_cfg["args"]})
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"bad model.args for small_cnn: {exc}",
-                                  hint="valid: in_channels, width, height, channels, hidden, dropout") from None
-        from ..models.registry import build_user_model
-        return build_user_model(model_cfg["name"], model_cfg["args"], {"num_classes": n})
+        from ..models.registry import build_model
+        h, w = info.get("height", 32), info.get("width", 32)
+        return build_model(self.name, model_cfg["name"], dict(model_cfg["args"] or {}),
+                           {"num_classes": len(info["labels"]), "in_channels": info.get("channels", 1),
+                            "height": h, "width": w, "image_size": h})
 
     def loss(self, logits, labels):
         import paddle.nn.functional as F

@@ -18,25 +18,16 @@ from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, en
 from .base import Datasets, Split
 
 _SOURCES = ("synthetic", "folder", "pages")
-_DOWNSAMPLE = 4      # CRNN reduces the width by 4: T = width / 4 time steps
 
 
 def _check_geometry(cfg: dict) -> None:
+    # Only what holds for any model; time steps per width are a fact of the model, checked on its
+    # first output (check_output_shape): the CRNN keeps width/4, PP-OCRv3/SVTR keep width/8.
     height, width, max_len = int(cfg["height"]), int(cfg["width"]), int(cfg["max_len"])
-    if height < 8 or height % 8:
-        raise ConfigError(f"data.height must be a multiple of 8 for the CRNN, got {height}")
-    if width < _DOWNSAMPLE or width % _DOWNSAMPLE:
-        raise ConfigError(f"data.width must be a multiple of {_DOWNSAMPLE}, got {width}")
+    if height < 8 or width < 8:
+        raise ConfigError(f"data.height and data.width must be >= 8, got {height}x{width}")
     if max_len < 1:
         raise ConfigError(f"data.max_len must be >= 1, got {max_len}")
-    steps = width // _DOWNSAMPLE
-    # CTC needs one step per character plus a blank between repeated characters ("00"),
-    # so the worst case is 2·max_len − 1 steps; fewer makes some labels unlearnable (inf loss).
-    if steps < 2 * max_len - 1:
-        raise ConfigError(f"data.width={width} gives {steps} CTC time steps, too few for "
-                          f"data.max_len={max_len} (need >= {2 * max_len - 1})",
-                          hint=f"raise data.width to at least {_DOWNSAMPLE * (2 * max_len - 1)} "
-                               "or lower data.max_len")
 
 
 def _split_fraction(images: np.ndarray, labels: list[str], fraction: float,
@@ -104,7 +95,7 @@ class RecognitionTask:
                             f"{len(train[1])} and {len(val[1])} lines",
                             hint="raise data.num_train / data.num_val")
         info: dict[str, Any] = {"charset": charset, "max_len": max_len, "source": source,
-                                "height": height, "width": width, "num_classes": len(charset) + 1}
+                                "height": height, "width": width, "channels": int(cfg.get("channels", 1)), "num_classes": len(charset) + 1}
         return Datasets(
             train=Split(train[0], encode_labels(train[1], charset, max_len), skipped["train"]),
             val=Split(val[0], encode_labels(val[1], charset, max_len), skipped["val"]),
@@ -112,26 +103,29 @@ class RecognitionTask:
 
     # ------------------------------------------------------------------ model
     def build_model(self, model_cfg: dict, info: dict):
-        name = model_cfg.get("name")
-        args = dict(model_cfg.get("args") or {})
-        num_classes = len(info["charset"]) + 1                # + the CTC blank
-        if name == "crnn":
-            from ..models.crnn import CRNN   # lazy: data-only users need not import paddle
+        from ..models.registry import build_model   # lazy: data-only users need not import paddle
 
-            args.setdefault("height", info.get("height", 32))   # the collapse conv depends on it
-            try:
-                return CRNN(num_classes=num_classes, **args)
-            except TypeError as exc:
-                raise ConfigError(f"bad model.args for crnn: {exc}",
-                                  hint="valid: in_channels, height, hidden, channels, head_layers, "
-                                       "head_kernel, dropout") from None
-        if isinstance(name, str) and ":" in name:
-            # a user's "package.module:callable"; it must return logits [N, T, num_classes]
-            from ..models.registry import build_user_model
-            return build_user_model(name, args, {"num_classes": num_classes})
-        raise ConfigError(f"model.name {name!r} is not a recognition model",
-                          hint="use model.name: crnn, or 'package.module:callable' returning a Layer "
-                               "with [N, T, num_classes] logits")
+        # a user's "package.module:callable" must return logits [N, T, num_classes]; T comes from
+        # the model (check_output_shape), not from an assumed downsampling factor
+        return build_model(self.name, model_cfg.get("name"), dict(model_cfg.get("args") or {}),
+                           {"num_classes": len(info["charset"]) + 1,        # + the CTC blank
+                            "in_channels": info.get("channels", 1), "height": info.get("height", 32)})
+
+    def check_output_shape(self, shape: list[int], info: dict) -> None:
+        """The model's own output on one sample tells T; CTC needs 2·max_len − 1 steps in the worst
+        case (a blank between repeated characters), else some labels are unlearnable (inf loss)."""
+        classes, width, max_len = len(info["charset"]) + 1, int(info["width"]), int(info["max_len"])
+        if len(shape) != 3 or shape[2] != classes:
+            raise ConfigError(f"recognition models must output logits [N, T, {classes}] "
+                              f"(charset + CTC blank), this one outputs {list(shape)}",
+                              hint="check model.name / the model's head size")
+        steps, need = int(shape[1]), 2 * max_len - 1
+        if steps < need:
+            per = width / max(steps, 1)
+            raise ConfigError(f"data.width={width} gives {steps} CTC time steps with this model "
+                              f"(it keeps 1 step per {per:g} pixels), too few for data.max_len={max_len} "
+                              f"(need >= {need})",
+                              hint=f"raise data.width to at least {int(per * need + 0.999)} or lower data.max_len")
 
     def loss(self, logits, labels):
         import paddle
