@@ -23,7 +23,7 @@ ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
-        bench-deploy nightly accept history verify serve summary clean
+        bench-deploy nightly accept history verify serve summary clean conformance
 
 setup: $(STAMP)
 
@@ -82,6 +82,12 @@ PROFILE_TESTS ?= tests/test_capabilities.py tests/test_engines_infer.py tests/te
 test-profiles: $(STAMP)
 	@set -e; for p in $(PROFILES); do echo "== PIPELINE_TEST_CPU_PROFILE=$$p"; \
 	  PIPELINE_TEST_CPU_PROFILE=$$p $(PY) -m pytest -q $(PROFILE_TESTS); done
+
+# make conformance [MODELS=lcnet,vit] [O="k=v"]   whole chain + verify over the architecture zoo (parity
+#   gates at their defaults; see configs/conformance.yaml); prints the matrix, writes runs/conformance/
+MODELS ?=
+conformance: $(STAMP)
+	$(PY) -m pipeline conformance $(if $(MODELS),--models $(MODELS)) -O "$$O"
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(show)
     from . import cli_tools              # verify / serve / history / nightly / accept
     cli_tools.register(sub, _config_args)
+    from . import conformance            # make conformance
+    conformance.register(sub)
     return parser
 
 

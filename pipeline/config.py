@@ -95,6 +95,7 @@ class TrainCfg(Section):
     amp: AmpCfg
     max_nonfinite_steps: int = PosInt
     min_metric: float = Field(ge=0, le=1)
+    bn_recalibrate: bool
     val_slice: int = PosInt
     resume: bool
     visualdl: bool
@@ -109,7 +110,9 @@ class TrainCfg(Section):
 
 class Tolerance(Section):
     atol: Optional[float] = Field(default=None, gt=0)        # None: outputs not compared elementwise
+    rtol: float = Field(default=0.0, ge=0)                   # + rtol x max|reference| (np.allclose-like)
     metric_delta: float = NonNegFloat                        # allowed drop of the primary metric
+    min_agreement: Optional[float] = Field(default=None, ge=0, le=1)   # argmax / decoded-text agreement
 
 
 class ExportCfg(Section):

@@ -22,12 +22,16 @@ class Check:
     limit: float | None
     op: str = "<="              # observed op limit must hold
     passed: bool = True
+    key: str = ""               # config key(s) that set the limit, e.g. "server.gates.fp16.atol/rtol"
+    detail: str = ""            # how the limit was made, e.g. "atol 0.05 + rtol 0.01 x ref scale 12.3"
 
     def describe(self) -> str:
         if self.name == "finite":
             return f"non-finite values: {self.observed:g} (must be 0)"
         sign = ">" if self.op == "<=" else "<"
-        return f"{self.name} {_fmt(self.observed)} {sign} limit {_fmt(self.limit)}"
+        how = f" = {self.detail}" if self.detail else ""
+        where = f" (set by {self.key})" if self.key else ""
+        return f"{self.name} {_fmt(self.observed)} {sign} limit {_fmt(self.limit)}{how}{where}"
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Gate:
     def failure_line(self) -> str:
         bad = [c for c in self.checks if not c.passed]
         what = "; ".join(c.describe() for c in bad) or self.reason
+        if what and self.reason.startswith(what):     # the reason adds advice (BN statistics, layers to skip)
+            what = self.reason
         return f"{self.stage}: {self.subject} ({self.precision_effective}) failed: {what}"
 
     def to_dict(self) -> dict:
@@ -81,6 +87,24 @@ def unverified(gate: Gate, why: str, vouched_by: str) -> Gate:
     return gate
 
 
+def crashed(stage: str, subject: str, precision: str, metric: str, exc: BaseException, evidence_dir=None) -> Gate:
+    """A row whose engine raised: FAIL with the exception's last line; the full traceback goes to
+    <evidence_dir>/<subject>.txt (kept in <stage>.failed/ by the runner) so nothing is lost."""
+    import traceback
+    from pathlib import Path
+
+    lines = [ln.strip() for ln in str(getattr(exc, "message", "") or exc).strip().splitlines() if ln.strip()]
+    head = getattr(exc, "one_line", None)
+    why = head() if callable(head) else f"{type(exc).__name__}: {lines[-1] if lines else repr(exc)}"
+    gate = Gate(stage, subject, precision, "none", metric, status=FAIL, reason=why)
+    if evidence_dir is not None:
+        path = Path(evidence_dir) / (subject.replace(" ", "_").replace("/", "_") + ".txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        gate.extra["traceback_file"] = str(path.relative_to(Path(evidence_dir).parent))
+    return gate
+
+
 def _fmt(v) -> str:
     if v is None:
         return "n/a"
@@ -91,8 +115,14 @@ def count_nonfinite(x: np.ndarray) -> int:
     return int(np.size(x) - np.count_nonzero(np.isfinite(x)))
 
 
-def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | None) -> list[Check]:
-    """finite → shape → max_abs_diff (≤ atol when given) and max_rel_diff (recorded only)."""
+def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | None, rtol: float = 0.0,
+                  key: str = "") -> list[Check]:
+    """finite → shape → like np.allclose, per output: max|c - r| <= atol + rtol * max|r|.
+
+    rtol is relative to the reference's scale (its largest magnitude), not elementwise: near-zero
+    logits would otherwise get no tolerance at all. max_rel_diff is recorded, never gated.
+    `key` names the config prefix of the limit (e.g. "server.gates.fp16") for failure messages.
+    """
     bad = count_nonfinite(candidate)
     checks = [Check("finite", float(bad), 0.0, "<=", bad == 0)]
     if bad:
@@ -100,31 +130,66 @@ def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | No
     if candidate.shape != reference.shape:
         checks.append(Check(f"shape {list(candidate.shape)} vs {list(reference.shape)}", 1.0, 0.0, "<=", False))
         return checks
-    diff = np.abs(candidate.astype(np.float64) - reference.astype(np.float64))
+    ref = reference.astype(np.float64)
+    diff = np.abs(candidate.astype(np.float64) - ref)
     max_abs = float(diff.max()) if diff.size else 0.0
-    rel = diff / np.maximum(np.abs(reference.astype(np.float64)), 1e-6)
-    checks.append(Check("max_abs_diff", max_abs, atol, "<=", atol is None or max_abs <= atol))
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    rel = diff / np.maximum(np.abs(ref), 1e-6)
+    limit, detail = atol, ""
+    if atol is not None and rtol:
+        limit = atol + rtol * scale
+        detail = f"atol {atol:g} + rtol {rtol:g} x reference scale {scale:.4g}"
+    keys = f"{key}.atol" + ("/rtol" if rtol else "") if key and atol is not None else ""
+    checks.append(Check("max_abs_diff", max_abs, limit, "<=", limit is None or max_abs <= limit, keys, detail))
     checks.append(Check("max_rel_diff", float(rel.max()) if rel.size else 0.0, None, "<=", True))
     return checks
 
 
-def metric_check(metric: str, value: float, reference: float, max_drop: float) -> Check:
+def metric_check(metric: str, value: float, reference: float, max_drop: float, key: str = "") -> Check:
     """The candidate may lose at most `max_drop` of the primary metric (absolute, e.g. 0.01 = 1 pt)."""
+    k = f"{key}.metric_delta" if key else ""
     if not math.isfinite(value):
-        return Check(f"{metric}_drop", value, max_drop, "<=", False)
+        return Check(f"{metric}_drop", value, max_drop, "<=", False, k)
     drop = reference - value
     # tiny epsilon: identical accuracies computed in float must not fail a 0.0 tolerance
-    return Check(f"{metric}_drop", drop, max_drop, "<=", drop <= max_drop + 1e-12)
+    return Check(f"{metric}_drop", drop, max_drop, "<=", drop <= max_drop + 1e-12, k)
+
+
+def agreement_check(name: str, value: float, minimum: float | None, key: str = "") -> Check:
+    """Share of samples whose task-level prediction (argmax class / decoded text) equals the reference's."""
+    k = f"{key}.min_agreement" if key and minimum is not None else ""
+    ok = minimum is None or (math.isfinite(value) and value >= minimum - 1e-12)
+    return Check(name, value, minimum, ">=", ok, k)
 
 
 def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
-             value: float | None, max_drop: float) -> Gate:
-    """Fill gate.checks from a candidate/reference pair and decide the verdict."""
-    gate.checks = parity_checks(candidate, reference, atol)
+             value: float | None, max_drop: float, *, rtol: float = 0.0,
+             agreement: tuple[str, float] | None = None, min_agreement: float | None = None,
+             key: str = "") -> Gate:
+    """Fill gate.checks from a candidate/reference pair and decide the verdict.
+
+    agreement: (check name, observed share) from task.agreement(); gated when min_agreement is set.
+    key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
+    """
+    gate.checks = parity_checks(candidate, reference, atol, rtol, key)
+    if gate.checks[0].passed and agreement is not None:
+        gate.checks.append(agreement_check(agreement[0], float(agreement[1]), min_agreement, key))
     if gate.checks[0].passed and value is not None and gate.reference is not None:
         gate.value = value
-        gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop))
+        gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key))
     gate.status = OK if all(c.passed for c in gate.checks) else FAIL
     if gate.status == FAIL:
         gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
     return gate
+
+
+def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
+                 task=None, key: str = "") -> Gate:
+    """evaluate() with a config Tolerance (atol, rtol, metric_delta, min_agreement) and the task's
+    agreement measure (argmax for classification, decoded text for recognition)."""
+    agreement = None
+    if task is not None and hasattr(task, "agreement") and candidate.shape == reference.shape \
+            and count_nonfinite(candidate) == 0:
+        agreement = task.agreement(candidate, reference)
+    return evaluate(gate, candidate, reference, tol.atol, value, tol.metric_delta, rtol=getattr(tol, "rtol", 0.0),
+                    agreement=agreement, min_agreement=getattr(tol, "min_agreement", None), key=key)

@@ -28,8 +28,8 @@ def _limit(g: Gate) -> str:
         if c.limit is None or "finite" in c.name or c.name.startswith("sha256"):
             continue
         name = SHORT.get(c.name, "atol" if "max_abs_diff" in c.name else
-                         "drop" if c.name.endswith("_drop") else c.name)
-        parts.append(f"{name} {'≤' if c.op == '<=' else '≥'} {c.limit:g}")
+                         "drop" if c.name.endswith("_drop") else "agree" if c.name.endswith("_agreement") else c.name)
+        parts.append(f"{name} {'≤' if c.op == '<=' else '≥'} {c.limit:.3g}")
     return ", ".join(dict.fromkeys(parts))
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline import ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text, require_file
-from pipeline.gates import Gate, evaluate
+from pipeline.gates import Gate, evaluate_tol
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
 
@@ -48,7 +48,7 @@ def run(ctx: StageContext) -> StageResult:
     ref_value = task.metrics(reference, labels)[metric]
     gate = Gate("export", "jit.save program vs dygraph", "float32", "float32", metric, reference=ref_value)
     tol = ctx.cfg.export.gate
-    evaluate(gate, out, reference, tol.atol, task.metrics(out, labels)[metric], tol.metric_delta)
+    evaluate_tol(gate, out, reference, tol, task.metrics(out, labels)[metric], task, key="export.gate")
     gate.seconds = round(seconds, 2)
     # downstream stages read only export's folder for the reference: inputs, labels, exported outputs
     buf = io.BytesIO()

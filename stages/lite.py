@@ -17,7 +17,7 @@ from pipeline import ocr
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.capabilities import host_arch
-from pipeline.gates import FAIL, OK, Gate, evaluate, skipped, unverified
+from pipeline.gates import FAIL, OK, Gate, crashed, evaluate_tol, skipped, unverified
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -62,7 +62,7 @@ def run(ctx: StageContext) -> StageResult:
     ref = load_reference(exp)
     info, task, x, labels, ref_out, ref_metric = ref.info, ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
     ops = list_ops(exp / "inference.pdmodel")
-    gates, files, sizes = [], {}, {}
+    gates, files, sizes, repairs = [], {}, {}, set()
 
     def convert_row(target: str, precision: str) -> Gate | None:
         subject = f"lite {target} {precision}"
@@ -82,9 +82,10 @@ def run(ctx: StageContext) -> StageResult:
                                precision=precision, timeout=lc.timeout)
         except lite.Unsupported as exc:
             return skipped("lite", subject, precision, task.primary_metric, exc.message)
-        except PipelineError as exc:
-            return Gate("lite", subject, precision, "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+        except Exception as exc:   # FAIL row with evidence; the other rows still run
+            return crashed("lite", subject, precision, task.primary_metric, exc, ctx.out_dir / "evidence")
         sizes[(target, precision)] = res.size_bytes
+        repairs.update(n for n in res.notes if n.startswith("repaired: "))
         files[res.path.name] = {"bytes": res.size_bytes, "precision_effective": res.precision_effective,
                                 "notes": res.notes}
         g = Gate("lite", subject, precision, res.precision_effective, task.primary_metric,
@@ -109,10 +110,10 @@ def run(ctx: StageContext) -> StageResult:
                 out = eng.run(x)
                 value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
                 g.reference = ref_metric
-                evaluate(g, out, ref_out, lc.gate.atol, value, lc.gate.metric_delta)
+                evaluate_tol(g, out, ref_out, lc.gate, value, task, key="lite.gate")
                 g.reason = "executed on the validation slice"
-            except PipelineError as exc:
-                g.status, g.reason = FAIL, exc.one_line()
+            except Exception as exc:
+                g = crashed("lite", g.subject, "fp32", task.primary_metric, exc, ctx.out_dir / "evidence")
         gates.append(g)
 
     fp32 = sizes.get(("arm", "fp32"))
@@ -123,9 +124,12 @@ def run(ctx: StageContext) -> StageResult:
                 g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / fp32, 3)
                 size += f", {g.extra['size_ratio_vs_fp32']:.2f}× arm fp32"
             g.reason = f"{g.reason}; {size}" if g.reason else size
-    write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": files})
+    # what program_repair restored (attributes/outputs jit.save dropped), once per op across all .nb files
+    restored = sorted(r[len("repaired: "):] for r in repairs)
+    write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": files, "restored_for_lite": restored})
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
-                       metrics={g.subject: g.extra.get("bytes") for g in gates}, info={"ops": ops})
+                       metrics={g.subject: g.extra.get("bytes") for g in gates},
+                       info={"ops": ops, "restored_for_lite": restored})
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,

@@ -19,7 +19,7 @@ from pipeline import env, ocr
 from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
-from pipeline.gates import FAIL, OK, Gate, evaluate, skipped
+from pipeline.gates import FAIL, OK, Gate, crashed, evaluate_tol, skipped
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -38,7 +38,7 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     if requested != "fp32" and np.isfinite(out).all():     # a low-precision label must show in the numbers
         label, proof["outputs_vs_fp32"] = evidence.check_outputs(label, requested, out, ref_out)
     gate = Gate("server", f"{engine.kind} {name}", requested, label, task.primary_metric, reference=ref_metric)
-    evaluate(gate, out, ref_out, tol.atol, value, tol.metric_delta)
+    evaluate_tol(gate, out, ref_out, tol, value, task, key=f"server.gates.{requested}")
     pc = ctx.cfg.server.perf
     gate.extra.update(engine.perf(x, pc.batch_size, warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
@@ -92,7 +92,7 @@ def run(ctx: StageContext) -> StageResult:
                     eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, **common)
                 else:   # not deployable: an accuracy preview of fp16 rounding, kept out of models/
                     emu = ctx.work_dir / "fp16_emulated" / "model"
-                    emu_info = pi.make_fp16_emulated(prefix, emu)
+                    emu_info = pi.make_fp16_emulated(prefix, emu, "fp16")
                     eng = pi.InferenceEngine(emu, "fp16", **common)
                     info_out["fp16_emulation"] = emu_info
                 gates.append(_row(ctx, task, "fp16", eng, x, ref_out, labels, ref_metric, tol, "fp16"))
@@ -105,10 +105,9 @@ def run(ctx: StageContext) -> StageResult:
                 gates.append(_row(ctx, task, "bf16", eng, x, ref_out, labels, ref_metric, tol, "bf16"))
             elif prec == "int8":
                 gates.append(_int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common))
-        except PipelineError as exc:
-            g = Gate("server", f"paddle-inference {prec}", prec, "none", task.primary_metric, status=FAIL,
-                     reason=exc.one_line())
-            gates.append(g)
+        except Exception as exc:   # any engine error is this row's FAIL (with evidence); other rows still run
+            gates.append(crashed("server", f"paddle-inference {prec}", prec, task.primary_metric, exc,
+                                 ctx.out_dir / "evidence"))
 
     if device == "cpu":
         gates += _onnx_rows(ctx, ref, calib, served, tuning)
@@ -193,8 +192,8 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
 def _guarded(task, subject: str, prec: str, fn) -> Gate:
     try:
         return fn()
-    except PipelineError as exc:
-        return Gate("server", subject, prec, "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+    except Exception as exc:       # any engine error is this row's FAIL; the other rows still run
+        return crashed("server", subject, prec, task.primary_metric, exc)
 
 
 def _tuned_row(ctx, task, kind, onnx_file, args, served, tuning) -> Gate:
@@ -271,13 +270,13 @@ def _http_row(ctx, ref, threads, engine=None) -> Gate:
                      "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
         res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
                         threads=threads, engine=engine)
-    except PipelineError as exc:
-        return Gate("server", subject, "fp32", "none", task.primary_metric, status=FAIL, reason=exc.one_line())
+    except Exception as exc:
+        return crashed("server", subject, "fp32", task.primary_metric, exc, ctx.out_dir / "evidence")
     n = res["n"]
     gate = Gate("server", subject, "fp32", "fp32", task.primary_metric,
                 reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])
     # images go through PNG decode + preprocessing on the server: same code path, same tolerance as fp32
-    evaluate(gate, res["outputs"], ref_out[:n], sc.gates["fp32"].atol, res["metric"], sc.gates["fp32"].metric_delta)
+    evaluate_tol(gate, res["outputs"], ref_out[:n], sc.gates["fp32"], res["metric"], task, key="server.gates.fp32")
     gate.extra.update(latency_ms=res["latency_ms"], requests=n, engine=res["engine"])
     gate.seconds = round(time.perf_counter() - t0, 2)
     return gate
@@ -296,17 +295,10 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
     gate.extra["ptq"] = {"algo": q.algo, "calibration_samples": int(min(len(calib), q.batch_size * q.batch_nums)),
                          "skipped_layers": list(q.skip)}
     if gate.status == FAIL and q.sensitivity_on_fail:
-        log.info("[server] int8 gate failed: ranking layers by accuracy impact (quant.sensitivity_on_fail)")
-
-        def score(p: str, precision: str) -> float:
-            e = pi.InferenceEngine(p, precision, **common)
-            return task.metrics(e.run_batched(x, 64), labels)[task.primary_metric]
-
-        rows = quant.int8_sensitivity(prefix, ctx.work_dir / "sensitivity", calib, score, algo=q.algo,
-                                      batch_size=q.batch_size, batch_nums=q.batch_nums, fp32_metric=ref_metric)
-        gate.extra["sensitivity"] = rows
-        worst = ", ".join(f"{r['layer']} (-{r['drop']:.3f})" for r in rows[:3])
-        gate.reason += f"; most sensitive layers: {worst} — add them to server.quant.skip"
+        log.info("[server] int8 gate failed: ranking layers and checking skip sets (server.quant.sensitivity_on_fail)")
+        advice = _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common)
+        gate.extra["int8_advice"] = advice
+        gate.reason += f"; {advice['message']}"
     return gate
 
 
@@ -314,3 +306,44 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",)
               run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
                                   "pipeline/serve.py", "pipeline/reference.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
+
+
+def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common) -> dict:
+    """Rank layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with
+    the int8 gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.engines import quant
+
+    q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
+    ranked = quant.rank_layers(prefix, qprefix, x[:64], quant.DEFAULT_OP_TYPES, quant._WEIGHT_SLOT)
+
+    def requantize(skip: list[str]) -> str:
+        return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,
+                                  batch_size=q.batch_size, batch_nums=q.batch_nums, onnx_format=q.onnx_format,
+                                  skip_tensor_list=sorted(set(skip) | set(q.skip)))
+
+    def judge(p: str) -> dict:
+        out = pi.InferenceEngine(p, "int8", **common).run_batched(x, 64)
+        value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
+        g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
+                         tol, value, task, key="server.gates.int8")
+        return {"passed": g.status == "OK", metric: value, "reason": g.reason}
+
+    res = quant.advise(ranked, requantize, judge)
+    seconds = round(time.perf_counter() - t0, 1)
+    top = ", ".join(f"{r['layer']} ({r['op']}, +{r['added_error']:.3f})" for r in ranked[:3])
+    if res["recommended"]:
+        skip = sorted(set(res["recommended"]) | set(q.skip))
+        best = res["trials"][-1]
+        msg = (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
+               f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
+    else:
+        tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
+        best = max((t[metric] for t in res["trials"]), default=float("nan"))
+        msg = (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
+               f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
+               f"calibration: server.quant.algo=mse or avg (now {q.algo}), more batches server.quant.batch_nums "
+               f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
+               "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")
+    return {"ranked": ranked[:10], "trials": res["trials"], "recommended": res["recommended"], "message": msg,
+            "seconds": seconds}

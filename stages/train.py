@@ -135,6 +135,25 @@ def precheck_amp(cfg, model, plan, x: np.ndarray):
     return plan, diff
 
 
+def _bn_diagnosis(cfg, task, model, x: np.ndarray, labels: np.ndarray, gate: Gate) -> str:
+    """When the train gate fails: is it BatchNorm's running statistics rather than the weights?
+    Train mode (batch statistics) far above eval mode (running statistics) on the same batch says so."""
+    from pipeline import bn
+
+    if not bn.bn_layers(model):
+        return ""
+    n = min(len(x), cfg.train.batch_size)
+    train_m, eval_m = bn.train_vs_eval(model, task, x[:n], labels[:n])
+    gate.extra["bn_check"] = {"train_mode": train_m, "eval_mode": eval_m, "samples": n}
+    if train_m - eval_m < bn.UNSETTLED_GAP:
+        return (f"the weights are undertrained (train-mode {task.primary_metric} {train_m:.2f} on the same samples): "
+                "raise train.epochs or tune train.lr")
+    done = " (already re-estimated: train longer or lower train.lr)" if cfg.train.bn_recalibrate else \
+        ": set train.bn_recalibrate=true to re-estimate them on training batches after training, or train longer"
+    return (f"BatchNorm running statistics have not settled: on the same {n} validation samples train-mode "
+            f"{task.primary_metric} is {train_m:.2f} but eval-mode {eval_m:.2f}{done}")
+
+
 def run(ctx: StageContext) -> StageResult:
     import paddle
 
@@ -167,6 +186,14 @@ def run(ctx: StageContext) -> StageResult:
     # the reference outputs come from a plain fp32 model holding the exported weights (not the O2 model)
     model = task.build_model(cfg.section("model")["model"], ds.info)
     amp.load_state(model, best_state)
+    bn_info = None
+    if cfg.train.bn_recalibrate:       # before the reference outputs: every later stage sees these statistics
+        from pipeline import bn
+        n = min(len(ds.train.labels), cfg.train.batch_size * bn.RECALIBRATE_BATCHES)
+        bn_info = bn.recalibrate(model, to_tensor(ds.train.images[:n], spec), cfg.train.batch_size)
+        best_state = amp.fp32_state_dict(model)
+        log.info("[train] BatchNorm statistics re-estimated: %d layers, %d batches", bn_info["layers"],
+                 bn_info["batches"])
 
     val_x = to_tensor(ds.val.images, spec)
     val_out = predict(model, val_x)
@@ -193,10 +220,14 @@ def run(ctx: StageContext) -> StageResult:
     metric = task.primary_metric
     value = val_metrics[metric]
     gate = Gate("train", "dygraph validation", plan.requested, plan.effective, metric, value=value,
-                checks=[Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric)])
+                checks=[Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric,
+                              key="train.min_metric")])
     gate.status = OK if gate.checks[0].passed else FAIL
     if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
         gate.reason = plan.reason
+    if gate.status == FAIL:
+        diagnosis = _bn_diagnosis(cfg, task, model, val_x, ds.val.labels, gate)
+        gate.reason = "; ".join(filter(None, [gate.checks[0].describe(), diagnosis, gate.reason]))
     gate.seconds = sum(h["seconds"] for h in history)
     steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
     gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
@@ -210,7 +241,7 @@ def run(ctx: StageContext) -> StageResult:
                  "samples_per_s": gate.extra["samples_per_s"],
                  "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
                  "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
-        info={"device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
+        info={"bn_recalibrated": bn_info, "device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
               "per_process_batch": train_info["per_process_batch"], "lr": train_info["lr"],
               "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
     )
@@ -218,7 +249,7 @@ def run(ctx: StageContext) -> StageResult:
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
               make_target="train", run=run, layout_keys=("train.nproc",),
-              code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/checkpoint.py", "pipeline/tasks",
+              code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
                          "pipeline/text_metrics.py", "pipeline/layout.py"),
               description="AMP training on the configured task")

@@ -111,11 +111,12 @@ def test_impossible_tolerance_fails_loudly_and_keeps_outputs(smoke_run):
     run_dir, _, args, _ = smoke_run
     before = (run_dir / "export" / "manifest.json").read_text()
     resolved = (run_dir / "config.resolved.yaml").read_text()
-    res = cli("run", "server", *args, "-o", "server.gates.fp16.atol=1e-12", "-o", "server.precisions=[fp32,fp16]",
+    res = cli("run", "server", *args, "-o", "server.gates.fp16.atol=1e-12", "-o", "server.gates.fp16.rtol=0", "-o", "server.precisions=[fp32,fp16]",
               "-o", "server.engines=[paddle-inference]")
     assert res.returncode != 0
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "server" in errors[0] and "max_abs_diff" in errors[0] and "1e-12" in errors[0]
+    assert "server.gates.fp16.atol" in errors[0]                    # names the key to change
     assert "Traceback" not in res.stderr
     assert (run_dir / "export" / "manifest.json").read_text() == before
     assert (run_dir / "server" / "manifest.json").is_file()          # last good server output kept
@@ -137,6 +138,8 @@ def test_int8_failure_ranks_sensitive_layers(smoke_run):
     assert res.returncode != 0
     man = json.loads((run_dir / "server.failed" / "manifest.json").read_text())
     int8 = next(g for g in man["gates"] if g["subject"] == "paddle-inference int8")
-    rows = int8["extra"]["sensitivity"]
-    assert rows and {"layer", "op", "metric", "drop"} <= set(rows[0])
-    assert "most sensitive layers" in int8["reason"] and "server.quant.skip" in int8["reason"]
+    advice = int8["extra"]["int8_advice"]
+    assert advice["ranked"] and {"layer", "op", "added_error", "output_error"} <= set(advice["ranked"][0])
+    # atol 1e-9 cannot be met by any skip set: the advice was checked and says so, with what else to try
+    assert advice["recommended"] is None and advice["trials"] and not any(t["passed"] for t in advice["trials"])
+    assert "no skip set recovers" in int8["reason"] and "server.quant.algo" in int8["reason"]

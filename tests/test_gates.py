@@ -48,3 +48,50 @@ def test_roundtrip_dict():
     g = evaluate(_gate(), np.ones(3), np.ones(3), atol=1e-4, value=0.9, max_drop=0)
     g2 = Gate.from_dict(g.to_dict())
     assert g2.status == g.status and g2.checks[1].observed == g.checks[1].observed and g2.delta == 0.0
+
+
+def test_allclose_rtol_scales_with_reference_and_names_keys():
+    from pipeline.config import Tolerance
+    from pipeline.gates import evaluate_tol
+    from pipeline.tasks.classification import ClassificationTask
+
+    ref = np.array([[30.0, -2.0, 1.0], [0.5, 20.0, -3.0]], np.float32)
+    cand = ref + np.array([[0.5, 0.0, 0.0], [0.0, -0.4, 0.0]], np.float32)     # 0.5 off on logits of scale 30
+    tol = Tolerance(atol=0.01, rtol=0.02, metric_delta=0.0, min_agreement=1.0)   # limit 0.01 + 0.02*30 = 0.61
+    g = evaluate_tol(_gate(), cand, ref, tol, 0.9, ClassificationTask(), key="server.gates.fp16")
+    assert g.status == OK
+    mad = next(c for c in g.checks if c.name == "max_abs_diff")
+    assert abs(mad.limit - 0.61) < 1e-6 and "reference scale 30" in mad.detail
+    agree = next(c for c in g.checks if c.name == "argmax_agreement")
+    assert agree.observed == 1.0
+    # an argmax flip fails agreement even inside the elementwise tolerance, and says which key to change
+    flipped = ref.copy()
+    flipped[1] = [20.3, 20.0, -3.0]
+    g = evaluate_tol(_gate(), flipped, ref, Tolerance(atol=30.0, metric_delta=1.0, min_agreement=1.0), 0.9,
+                     ClassificationTask(), key="server.gates.fp16")
+    assert g.status == FAIL and "argmax_agreement 0.5 < limit 1" in g.reason
+    assert "server.gates.fp16.min_agreement" in g.failure_line()
+    g = evaluate_tol(_gate(), ref + 1.0, ref, tol, 0.9, ClassificationTask(), key="lite.gate")
+    assert "set by lite.gate.atol/rtol" in g.reason and "atol 0.01 + rtol 0.02" in g.reason
+
+
+def test_text_agreement_for_ctc_outputs():
+    from pipeline.tasks.recognition import RecognitionTask
+
+    ref = np.zeros((2, 4, 3), np.float32)
+    ref[:, :, 1] = 5.0                       # both lines decode to "1"
+    cand = ref.copy()
+    cand[1, 2, 2] = 9.0                      # second line decodes to "1 2 1"
+    name, value = RecognitionTask().agreement(cand, ref)
+    assert name == "text_agreement" and value == 0.5
+
+
+def test_engine_exception_becomes_fail_row_with_evidence(tmp_path):
+    from pipeline.gates import crashed
+
+    try:
+        raise RuntimeError("PreconditionNotMetError: tensor not initialized\n  [operator < cast > error]")
+    except RuntimeError as exc:
+        g = crashed("server", "paddle-inference fp16", "fp16", "accuracy", exc, tmp_path / "evidence")
+    assert g.status == FAIL and "operator < cast > error" in g.reason
+    assert "Traceback" in (tmp_path / "evidence" / "paddle-inference_fp16.txt").read_text()

@@ -21,9 +21,8 @@ from pipeline.engines.base import Engine
 from pipeline.errors import ConfigError, MissingArtifact, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-# Outputs that are bookkeeping, not activations: emulating fp16 on them would corrupt state or shapes.
-_SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceOut", "ReserveSpace", "Mask"}
-_FP16_EMU_SUFFIX = ".fp16emu"
+_FP16_EMU_SUFFIX = ".fp16emu"       # amp_emulation.SUFFIX
+_BF16_EMU_SUFFIX = ".bf16emu"
 # oneDNN int8 GEMM (fc, matmul, fused rnn) without VNNI runs gemm_s8s8s32 through saturating int16 pair sums
 # (vpmaddubsw): measured logits off by 1.7 (range +-6), argmax agreement 73%. Its int8 convs are fine, so
 # without VNNI only these op types are handed to oneDNN int8:
@@ -182,6 +181,11 @@ class InferenceEngine(Engine):
         desc = _program_desc(self.model_prefix)
         quant = any("quantize" in op.type for op in desc.blocks[0].ops)
         fp16_emulated = any(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)
+        if any(_BF16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars):
+            if mkldnn:
+                cfg.enable_mkldnn()
+            self.notes.append("bf16 emulated on CPU: bf16-rounded white-list ops, fp32 math")
+            return "bf16-emulated"
         if precision == "int8":
             if not quant:
                 raise PipelineError(f"{self.model_prefix} has no quantize ops; int8 needs a PaddleSlim quant model",
@@ -250,61 +254,11 @@ class InferenceEngine(Engine):
         return self._out.copy_to_cpu()
 
 
-def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> dict:
-    """Write a copy whose weights and float activations are rounded through fp16 (CPU stand-in for fp16).
-
-    Each producer op writes to `<v>.fp16raw`; cast(fp32->fp16) + cast(fp16->fp32) restore `<v>`, so
-    consumers, feed and fetch names are unchanged.
-    """
-    if any(_FP16_EMU_SUFFIX in v.name for v in _program_desc(model_prefix).blocks[0].vars):
-        raise PipelineError(f"{model_prefix} is already fp16-emulated", hint="emulate the fp32 model instead")
-    vt = paddle.base.core.VarDesc.VarType
-    fp16, fp32, dense = vt.FP16, vt.FP32, vt.LOD_TENSOR
-    paddle.enable_static()
-    try:
-        scope, place = paddle.static.Scope(), paddle.CPUPlace()
-        with paddle.static.scope_guard(scope):
-            exe = paddle.static.Executor(place)
-            prog, feed_names, fetch_vars = paddle.static.load_inference_model(str(model_prefix), exe)
-            block = prog.global_block()
-            n_params = 0
-            for var in prog.list_vars():
-                if var.persistable and var.type == dense and var.dtype == fp32 and scope.find_var(var.name) is not None:
-                    t = scope.find_var(var.name).get_tensor()
-                    t.set(np.array(t).astype(np.float16).astype(np.float32), place)
-                    n_params += 1
-            n_casts, i = 0, 0
-            while i < len(block.ops):
-                op = block.ops[i]
-                if op.type in ("feed", "fetch", "cast"):
-                    i += 1
-                    continue
-                outs = [n for slot in op.output_names if slot not in _SKIP_OUT_SLOTS for n in op.output(slot)]
-                vars_ = {n: block._find_var_recursive(n) for n in outs}  # dict: dedupes, keeps order
-                targets = [n for n, v in vars_.items()
-                           if v is not None and not v.persistable and v.type == dense and v.dtype == fp32]
-                for name in targets:
-                    v = block.var(name)
-                    raw = block.create_var(name=f"{name}.fp16raw{n_casts}", shape=v.shape, dtype=fp32)
-                    half = block.create_var(name=f"{name}{_FP16_EMU_SUFFIX}{n_casts}", shape=v.shape, dtype=fp16)
-                    op._rename_output(name, raw.name)
-                    block._insert_op(i + 1, type="cast", inputs={"X": [raw]}, outputs={"Out": [half]},
-                                     attrs={"in_dtype": fp32, "out_dtype": fp16})
-                    block._insert_op(i + 2, type="cast", inputs={"X": [half]}, outputs={"Out": [v]},
-                                     attrs={"in_dtype": fp16, "out_dtype": fp32})
-                    n_casts += 1
-                i += 1 + 2 * len(targets)
-            feed_vars = [block.var(n) for n in feed_names]
-            Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
-            # Serialize the edited desc as is: save_inference_model would append another scale op
-            # whose output name depends on the global unique_name counter (fetch name could drift).
-            model_bytes = prog.desc.serialize_to_string()
-            params_bytes = paddle.static.serialize_persistables(feed_vars, fetch_vars, exe, program=prog)
-            Path(f"{out_prefix}.pdmodel").write_bytes(model_bytes)
-            Path(f"{out_prefix}.pdiparams").write_bytes(params_bytes)
-    finally:
-        paddle.disable_static()
-    return {"casts_inserted": 2 * n_casts, "params_rounded": n_params, "label": "fp16-emulated"}
+def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16") -> dict:
+    """Write a copy that emulates Paddle's mixed-precision inference (fp16/bf16 op lists, keep_io_types)
+    by rounding casts; see pipeline/engines/amp_emulation.py. Feed and fetch names are unchanged."""
+    from pipeline.engines.amp_emulation import make_emulated
+    return make_emulated(model_prefix, out_prefix, dtype)
 
 
 def convert_fp16_gpu(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> str:

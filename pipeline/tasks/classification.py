@@ -53,6 +53,12 @@ class ClassificationTask:
         pred = outputs.reshape(len(outputs), -1).argmax(axis=1)
         return {"accuracy": float((pred == labels).mean()) if len(labels) else 0.0}
 
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray) -> tuple[str, float]:
+        """Share of samples whose predicted class equals the reference engine's."""
+        a = candidate.reshape(len(candidate), -1).argmax(axis=1)
+        b = reference.reshape(len(reference), -1).argmax(axis=1)
+        return "argmax_agreement", float((a == b).mean()) if len(a) else 1.0
+
     def decode(self, outputs: np.ndarray, info: dict) -> list:
         logits = outputs.reshape(len(outputs), -1).astype(np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))

@@ -152,6 +152,12 @@ class RecognitionTask:
         return {"seq_accuracy": float(seq_accuracy(preds, gts)),
                 "char_accuracy": float(char_accuracy(preds, gts))}
 
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray) -> tuple[str, float]:
+        """Share of lines whose greedy-decoded text equals the reference engine's."""
+        a, b = ctc_greedy_decode(np.asarray(candidate)), ctc_greedy_decode(np.asarray(reference))
+        same = [tuple(x) == tuple(y) for x, y in zip(a, b)]
+        return "text_agreement", float(np.mean(same)) if same else 1.0
+
     def decode(self, outputs: np.ndarray, info: dict) -> list[str]:
         return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
 

@@ -1,0 +1,194 @@
+"""Emulate Paddle's mixed-precision inference (fp16 / bf16) on a CPU that has no such kernels.
+
+What a GPU fp16 predictor does (Paddle's auto_mixed_precision pass + its fp16 op lists), applied to
+an fp32 program by inserting rounding casts (cast fp32→low→fp32 has CPU kernels):
+  * white-list ops (conv2d, depthwise_conv2d, matmul(_v2), mul, fc, ...) compute in low precision:
+    their float inputs, weights and outputs are rounded;
+  * black-list ops (layer_norm, softmax, exp, log, reduce_*, ...: paddle.static.amp's black list plus
+    the inference pass's default black list) compute in fp32 on fp32 (cast-back) inputs;
+  * every other op is "gray": low precision when one of its float inputs already is (it follows its
+    producers), fp32 otherwise; batch_norm keeps its fp32 statistics/affine parameters, as Paddle does;
+  * keep_io_types: the feed stays fp32 and the fetched output is cast back to fp32;
+  * only outputs a later op reads (or the fetch) are rounded: outputs inference never fills
+    (layer_norm Mean/Variance, batch_norm SavedMean/..., XShape, dropout Mask) are never touched.
+Rounding is the only numerical effect emulated; the math in between runs in fp32 (real fp16 kernels
+accumulate in fp32 as well). The result is an accuracy preview, labelled "<dtype>-emulated".
+"""
+from __future__ import annotations
+
+import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from pipeline.errors import PipelineError
+
+SUFFIX = {"fp16": ".fp16emu", "bf16": ".bf16emu"}
+# Beyond paddle.static.amp's white list: ops Paddle Inference runs in fp16 on GPU (they have fp16
+# kernels and are not on the pass's black list), named explicitly so the emulation does not depend
+# on the CUDA kernel registry this CPU build lacks.
+_EXTRA_WHITE = {"depthwise_conv2d", "fc", "fused_conv2d", "conv2d_fusion", "fused_matmul", "bmm"}
+# paddle/fluid/framework/ir/auto_mixed_precision_pass.cc SetDefaultBlacklist()
+_INFERENCE_BLACK = {"cast", "exp", "square", "log", "mean", "sum", "softmax_with_cross_entropy",
+                    "sigmoid_cross_entropy_with_logits", "c_softmax_with_cross_entropy", "cross_entropy",
+                    "cross_entropy2", "conv2d_transpose", "reduce_sum"}
+# Outputs that are bookkeeping, not activations.
+_SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceOut", "ReserveSpace", "Mask",
+                   "Mean", "Variance"}
+# Parameters Paddle keeps in fp32 even when the op runs in low precision (normalisation statistics).
+_FP32_PARAM_SLOTS = {"Scale", "Bias", "Mean", "Variance"}
+_NON_COMPUTE = {"feed", "fetch"}
+
+
+def op_lists(dtype: str = "fp16") -> tuple[set[str], set[str]]:
+    """(white, black) op types for the emulated dtype, from Paddle's own AMP lists."""
+    from paddle.static.amp import fp16_lists
+
+    amp_dtype = {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+    quiet = fp16_lists._logger.level
+    fp16_lists._logger.setLevel(logging.ERROR)    # "On current GPU, bfloat16 is not supported ...": no GPU here
+    try:
+        lists = fp16_lists.AutoMixedPrecisionLists(dtype=amp_dtype)
+    finally:
+        fp16_lists._logger.setLevel(quiet)
+    white = set(lists.white_list) | _EXTRA_WHITE
+    black = (set(lists.black_list) | _INFERENCE_BLACK) - white
+    return white, black
+
+
+def _np_round(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)   # bf16: round to nearest even
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+class _Emulator:
+    def __init__(self, block, dtype: str, white: set[str], black: set[str]):
+        vt = paddle.base.core.VarDesc.VarType
+        self.block, self.dtype, self.white, self.black = block, dtype, white, black
+        self.fp32, self.dense = vt.FP32, vt.LOD_TENSOR
+        self.low = vt.FP16 if dtype == "fp16" else vt.BF16
+        self.half: set[str] = set()          # vars holding low-precision values
+        self.rounded: dict[str, str] = {}    # fp32 var → its rounded copy
+        self.params: set[str] = set()        # persistable weights to round
+        self.n_casts = 0
+        self.low_ops: dict[str, int] = {}
+
+    def _float(self, name: str) -> bool:
+        v = self.block._find_var_recursive(name)
+        return v is not None and v.type == self.dense and v.dtype == self.fp32
+
+    def _persistable(self, name: str) -> bool:
+        v = self.block._find_var_recursive(name)
+        return v is not None and v.persistable
+
+    def _cast_pair(self, at: int, src: str, dst: str) -> None:
+        v = self.block.var(dst if self.block.has_var(dst) else src)
+        half = self.block.create_var(name=f"{dst}{SUFFIX[self.dtype]}{self.n_casts}", shape=v.shape, dtype=self.low)
+        self.block._insert_op(at, type="cast", inputs={"X": [src]}, outputs={"Out": [half]},
+                              attrs={"in_dtype": self.fp32, "out_dtype": self.low})
+        self.block._insert_op(at + 1, type="cast", inputs={"X": [half]}, outputs={"Out": [dst]},
+                              attrs={"in_dtype": self.low, "out_dtype": self.fp32})
+        self.n_casts += 1
+
+    def _runs_low(self, op) -> bool:
+        if op.type in self.white:
+            return True
+        if op.type in self.black or op.type in _NON_COMPUTE:
+            return False
+        return any(n in self.half for slot in op.input_names for n in op.input(slot))
+
+    def _round_inputs(self, i: int, op) -> int:
+        """Round the op's fp32 activation inputs before it; returns how many ops were inserted."""
+        inserted = 0
+        for slot in op.input_names:
+            for name in op.input(slot):
+                if self._persistable(name):
+                    if self._float(name) and not (slot in _FP32_PARAM_SLOTS and op.type.endswith("_norm")):
+                        self.params.add(name)
+                    continue
+                if name in self.half or not self._float(name):
+                    continue
+                if name not in self.rounded:
+                    v = self.block.var(name)
+                    self.rounded[name] = self.block.create_var(name=f"{name}.lowin{self.n_casts}", shape=v.shape,
+                                                               dtype=self.fp32).name
+                    self._cast_pair(i + inserted, name, self.rounded[name])
+                    inserted += 2
+                op._rename_input(name, self.rounded[name])
+        return inserted
+
+    def _round_outputs(self, i: int, op, consumed: set[str]) -> int:
+        inserted = 0
+        outs = [n for slot in op.output_names if slot not in _SKIP_OUT_SLOTS for n in op.output(slot)]
+        for name in dict.fromkeys(outs):
+            if not self._float(name) or self._persistable(name) or name not in consumed:
+                continue
+            v = self.block.var(name)
+            raw = self.block.create_var(name=f"{name}.lowraw{self.n_casts}", shape=v.shape, dtype=self.fp32)
+            op._rename_output(name, raw.name)
+            self._cast_pair(i + 1 + inserted, raw.name, name)
+            self.half.add(name)
+            inserted += 2
+        return inserted
+
+    def run(self) -> None:
+        ops = list(self.block.ops)
+        consumed = {n for op in ops for slot in op.input_names for n in op.input(slot)}
+        i = 0
+        while i < len(self.block.ops):
+            op = self.block.ops[i]
+            if not self._runs_low(op):
+                i += 1
+                continue
+            self.low_ops[op.type] = self.low_ops.get(op.type, 0) + 1
+            ins = self._round_inputs(i, op)
+            i += ins
+            outs = self._round_outputs(i, op, consumed)
+            i += 1 + outs
+
+
+def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16") -> dict:
+    """Write an emulated mixed-precision copy of an fp32 inference model (see the module docstring).
+
+    Feed and fetch names are unchanged. Returns what was done (op counts, casts, rounded params).
+    """
+    if dtype not in SUFFIX:
+        raise PipelineError(f"cannot emulate {dtype!r}", hint="fp16 or bf16")
+    from pipeline.engines.paddle_infer import _program_desc
+
+    desc = _program_desc(model_prefix)
+    if any(s in v.name for s in SUFFIX.values() for v in desc.blocks[0].vars):
+        raise PipelineError(f"{model_prefix} is already emulating low precision", hint="emulate the fp32 model")
+    white, black = op_lists(dtype)
+    paddle.enable_static()
+    try:
+        scope, place = paddle.static.Scope(), paddle.CPUPlace()
+        with paddle.static.scope_guard(scope):
+            exe = paddle.static.Executor(place)
+            prog, feed_names, fetch_vars = paddle.static.load_inference_model(str(model_prefix), exe)
+            emu = _Emulator(prog.global_block(), dtype, white, black)
+            emu.run()
+            for name in sorted(emu.params):
+                var = scope.find_var(name)
+                if var is not None:
+                    t = var.get_tensor()
+                    t.set(_np_round(np.array(t), dtype), place)
+            feed_vars = [prog.global_block().var(n) for n in feed_names]
+            Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
+            # Serialize the edited desc as is: save_inference_model would append another scale op
+            # whose output name depends on the global unique_name counter (fetch name could drift).
+            model_bytes = prog.desc.serialize_to_string()
+            params_bytes = paddle.static.serialize_persistables(feed_vars, fetch_vars, exe, program=prog)
+            Path(f"{out_prefix}.pdmodel").write_bytes(model_bytes)
+            Path(f"{out_prefix}.pdiparams").write_bytes(params_bytes)
+    finally:
+        paddle.disable_static()
+    return {"label": f"{dtype}-emulated", "casts_inserted": 2 * emu.n_casts, "params_rounded": len(emu.params),
+            "low_precision_ops": dict(sorted(emu.low_ops.items())),
+            "fp32_ops_black_list": sorted({op.type for op in prog.global_block().ops} & black)}
