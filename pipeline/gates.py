@@ -145,38 +145,50 @@ def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | No
     return checks
 
 
-def metric_check(metric: str, value: float, reference: float, max_drop: float, key: str = "") -> Check:
-    """The candidate may lose at most `max_drop` of the primary metric (absolute, e.g. 0.01 = 1 pt)."""
+def metric_check(metric: str, value: float, reference: float, max_drop: float, key: str = "",
+                 samples: int | None = None) -> Check:
+    """The candidate may lose at most `max_drop` of the primary metric (absolute, e.g. 0.01 = 1 pt).
+
+    On `samples` samples the metric moves in steps of 1/samples: a non-zero limit below one step is
+    raised to one step (else "1 %" on 64 samples would mean "no sample may change"); 0 stays exact."""
     k = f"{key}.metric_delta" if key else ""
+    limit, detail = max_drop, ""
+    if samples and 0 < max_drop < 1.0 / samples:
+        limit = 1.0 / samples
+        detail = f"metric_delta {max_drop:g} < one sample of {samples} ({limit:.4g}): one sample allowed"
     if not math.isfinite(value):
-        return Check(f"{metric}_drop", value, max_drop, "<=", False, k)
+        return Check(f"{metric}_drop", value, limit, "<=", False, k, detail)
     drop = reference - value
     # tiny epsilon: identical accuracies computed in float must not fail a 0.0 tolerance
-    return Check(f"{metric}_drop", drop, max_drop, "<=", drop <= max_drop + 1e-12, k)
+    return Check(f"{metric}_drop", drop, limit, "<=", drop <= limit + 1e-12, k, detail)
 
 
-def agreement_check(name: str, value: float, minimum: float | None, key: str = "") -> Check:
+def agreement_check(name: str, value: float, minimum: float | None, key: str = "", detail: str = "") -> Check:
     """Share of samples whose task-level prediction (argmax class / decoded text) equals the reference's."""
     k = f"{key}.min_agreement" if key and minimum is not None else ""
     ok = minimum is None or (math.isfinite(value) and value >= minimum - 1e-12)
-    return Check(name, value, minimum, ">=", ok, k)
+    return Check(name, value, minimum, ">=", ok, k, detail)
 
 
 def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
              value: float | None, max_drop: float, *, rtol: float = 0.0,
-             agreement: tuple[str, float] | None = None, min_agreement: float | None = None,
-             key: str = "") -> Gate:
+             agreement=None, min_agreement: float | None = None, key: str = "") -> Gate:
     """Fill gate.checks from a candidate/reference pair and decide the verdict.
 
-    agreement: (check name, observed share) from task.agreement(); gated when min_agreement is set.
+    agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), called with
+    the elementwise limit as the tie band; gated when min_agreement is set.
     key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
     """
     gate.checks = parity_checks(candidate, reference, atol, rtol, key)
-    if gate.checks[0].passed and agreement is not None:
-        gate.checks.append(agreement_check(agreement[0], float(agreement[1]), min_agreement, key))
+    if gate.checks[0].passed and agreement is not None and len(gate.checks) > 2:
+        band = gate.checks[1].limit                  # atol + rtol x scale (None: strict agreement)
+        name, share, strict = agreement(candidate, reference, band)
+        detail = f"strict {strict:.4g}; within-tolerance ties ({band:.3g}) count as agreement" if band is not None \
+            else ""
+        gate.checks.append(agreement_check(name, float(share), min_agreement, key, detail))
     if gate.checks[0].passed and value is not None and gate.reference is not None:
         gate.value = value
-        gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key))
+        gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key, len(candidate)))
     gate.status = OK if all(c.passed for c in gate.checks) else FAIL
     if gate.status == FAIL:
         gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
@@ -187,9 +199,6 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
                  task=None, key: str = "") -> Gate:
     """evaluate() with a config Tolerance (atol, rtol, metric_delta, min_agreement) and the task's
     agreement measure (argmax for classification, decoded text for recognition)."""
-    agreement = None
-    if task is not None and hasattr(task, "agreement") and candidate.shape == reference.shape \
-            and count_nonfinite(candidate) == 0:
-        agreement = task.agreement(candidate, reference)
+    agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
     return evaluate(gate, candidate, reference, tol.atol, value, tol.metric_delta, rtol=getattr(tol, "rtol", 0.0),
                     agreement=agreement, min_agreement=getattr(tol, "min_agreement", None), key=key)

@@ -296,7 +296,10 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
                          "skipped_layers": list(q.skip)}
     if gate.status == FAIL and q.sensitivity_on_fail:
         log.info("[server] int8 gate failed: ranking layers and checking skip sets (server.quant.sensitivity_on_fail)")
-        advice = _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common)
+        try:
+            advice = _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common)
+        except Exception as exc:    # advice is a bonus: the int8 verdict above stands either way
+            advice = {"message": f"int8 advice failed: {type(exc).__name__}: {exc}"}
         gate.extra["int8_advice"] = advice
         gate.reason += f"; {advice['message']}"
     return gate
@@ -339,7 +342,7 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
                f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
     else:
         tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
-        best = max((t[metric] for t in res["trials"]), default=float("nan"))
+        best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
         msg = (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
                f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
                f"calibration: server.quant.algo=mse or avg (now {q.algo}), more batches server.quant.batch_nums "

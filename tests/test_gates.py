@@ -37,6 +37,11 @@ def test_metric_drop_limit():
     assert not metric_check("accuracy", 0.85, 0.9, 0.02).passed
     assert metric_check("accuracy", 0.9, 0.9, 0.0).passed
     assert not metric_check("accuracy", float("nan"), 0.9, 1.0).passed
+    # on 64 samples one flip is 1/64: a 1 % limit allows one sample, a 0 limit none
+    one = metric_check("accuracy", 0.9 - 1 / 64, 0.9, 0.01, "server.gates.fp16", samples=64)
+    assert one.passed and one.limit == 1 / 64 and "one sample" in one.detail
+    assert not metric_check("accuracy", 0.9 - 2 / 64, 0.9, 0.01, samples=64).passed
+    assert not metric_check("accuracy", 0.9 - 1 / 64, 0.9, 0.0, samples=64).passed
 
 
 def test_shape_mismatch_fails():
@@ -69,7 +74,10 @@ def test_allclose_rtol_scales_with_reference_and_names_keys():
     flipped[1] = [20.3, 20.0, -3.0]
     g = evaluate_tol(_gate(), flipped, ref, Tolerance(atol=30.0, metric_delta=1.0, min_agreement=1.0), 0.9,
                      ClassificationTask(), key="server.gates.fp16")
-    assert g.status == FAIL and "argmax_agreement 0.5 < limit 1" in g.reason
+    assert g.status == OK          # 20.3 vs 20.0 is a tie within atol 30: not a disagreement
+    g = evaluate_tol(_gate(), flipped, ref, Tolerance(atol=0.1, metric_delta=1.0, min_agreement=1.0), 0.9,
+                     ClassificationTask(), key="server.gates.fp16")
+    assert g.status == FAIL and "argmax_agreement 0.5 < limit 1" in g.reason and "strict 0.5" in g.reason
     assert "server.gates.fp16.min_agreement" in g.failure_line()
     g = evaluate_tol(_gate(), ref + 1.0, ref, tol, 0.9, ClassificationTask(), key="lite.gate")
     assert "set by lite.gate.atol/rtol" in g.reason and "atol 0.01 + rtol 0.02" in g.reason
@@ -82,8 +90,9 @@ def test_text_agreement_for_ctc_outputs():
     ref[:, :, 1] = 5.0                       # both lines decode to "1"
     cand = ref.copy()
     cand[1, 2, 2] = 9.0                      # second line decodes to "1 2 1"
-    name, value = RecognitionTask().agreement(cand, ref)
-    assert name == "text_agreement" and value == 0.5
+    name, value, strict = RecognitionTask().agreement(cand, ref)
+    assert name == "text_agreement" and value == strict == 0.5
+    assert RecognitionTask().agreement(cand, ref, band=5.0)[1:] == (1.0, 0.5)    # ref scores class 2 at 0 vs 5: a tie within 5
 
 
 def test_engine_exception_becomes_fail_row_with_evidence(tmp_path):

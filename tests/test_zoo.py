@@ -105,7 +105,7 @@ def test_user_model_by_import_path_train_export_deploy_on_default_gates(tmp_path
     """`make train export deploy` (the same CLI calls) with a user model on every default parity gate."""
     args = ["-c", "configs/smoke.yaml", "-o", f"run.root={tmp_path}", "-o", "run.name=user",
             "-o", f"bundle.root={tmp_path}/bundles", "-o", "model.name=tests.user_models:HybridNet",
-            "-o", "data.num_train=720", "-o", "data.num_val=128", "-o", "train.epochs=2", "-o", "lite.arm=[fp32,int8]"]
+            "-o", "lite.arm=[fp32,int8]"]
     for stages in (["train"], ["export"], ["server", "lite", "bundle"]):
         res = _cli("run", *stages, *args)
         assert res.returncode == 0, res.stderr[-3000:]

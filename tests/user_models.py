@@ -11,8 +11,8 @@ from paddle import nn
 class HybridNet(nn.Layer):
     def __init__(self, num_classes: int, in_channels: int = 1, dim: int = 32, heads: int = 4):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2D(in_channels, dim, 3, stride=2, padding=1), nn.BatchNorm2D(dim),
-                                  nn.Hardswish(),
+        self.stem = nn.Sequential(nn.Conv2D(in_channels, 16, 3, padding=1), nn.BatchNorm2D(16), nn.Hardswish(),
+                                  nn.Conv2D(16, dim, 3, stride=2, padding=1), nn.BatchNorm2D(dim), nn.Hardswish(),
                                   nn.Conv2D(dim, dim, 3, stride=2, padding=1, groups=dim), nn.BatchNorm2D(dim),
                                   nn.Swish())
         self.norm1 = nn.LayerNorm(dim)

@@ -236,13 +236,18 @@ def rank_layers(fp32_prefix: str, quant_prefix: str, x: np.ndarray, op_types: Se
 
 def advise(ranked: list[dict], requantize: Callable[[list[str]], str], judge: Callable[[str], dict],
            max_trials: int = 4, budget_s: float = 45.0) -> dict:
-    """Skip the top-k ranked layers for k = 1, 2, 4, ...; judge(prefix) -> {"passed": bool, ...}.
+    """Skip the top-k ranked layers for k = 1, 2, 4, ... (never all of them: nothing would be int8);
+    judge(prefix) -> {"passed": bool, ...}. A trial that raises is recorded and ends the search.
     Returns {"recommended": [...] | None, "trials": [...]} (bounded by max_trials and budget_s)."""
     t0, trials = time.perf_counter(), []
     k = 1
-    while k <= len(ranked) and len(trials) < max_trials and time.perf_counter() - t0 < budget_s:
+    while k < len(ranked) and len(trials) < max_trials and time.perf_counter() - t0 < budget_s:
         skip = [r["layer"] for r in ranked[:k]]
-        verdict = judge(requantize(skip))
+        try:
+            verdict = judge(requantize(skip))
+        except PipelineError as exc:
+            trials.append({"skip": skip, "passed": False, "reason": exc.one_line()})
+            break
         trials.append({"skip": skip, **verdict})
         if verdict["passed"]:
             return {"recommended": skip, "trials": trials}

@@ -53,11 +53,17 @@ class ClassificationTask:
         pred = outputs.reshape(len(outputs), -1).argmax(axis=1)
         return {"accuracy": float((pred == labels).mean()) if len(labels) else 0.0}
 
-    def agreement(self, candidate: np.ndarray, reference: np.ndarray) -> tuple[str, float]:
-        """Share of samples whose predicted class equals the reference engine's."""
-        a = candidate.reshape(len(candidate), -1).argmax(axis=1)
-        b = reference.reshape(len(reference), -1).argmax(axis=1)
-        return "argmax_agreement", float((a == b).mean()) if len(a) else 1.0
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray, band: float | None = None) -> tuple[str, float, float]:
+        """(name, agreement, strict agreement): share of samples whose predicted class equals the reference's.
+        With a band (the gate's elementwise tolerance), picking a class the reference scores within the band
+        of its top class is a tie, not a disagreement: the engines are then indistinguishable at that tolerance."""
+        a = candidate.reshape(len(candidate), -1)
+        r = reference.reshape(len(reference), -1)
+        pick = a.argmax(axis=1)
+        strict = pick == r.argmax(axis=1)
+        tie = r[np.arange(len(r)), pick] >= r.max(axis=1) - band if band is not None else strict
+        n = max(len(a), 1)
+        return "argmax_agreement", float((strict | tie).sum() / n) if len(a) else 1.0, float(strict.sum() / n) if len(a) else 1.0
 
     def decode(self, outputs: np.ndarray, info: dict) -> list:
         logits = outputs.reshape(len(outputs), -1).astype(np.float64)

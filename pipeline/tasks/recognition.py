@@ -152,11 +152,19 @@ class RecognitionTask:
         return {"seq_accuracy": float(seq_accuracy(preds, gts)),
                 "char_accuracy": float(char_accuracy(preds, gts))}
 
-    def agreement(self, candidate: np.ndarray, reference: np.ndarray) -> tuple[str, float]:
-        """Share of lines whose greedy-decoded text equals the reference engine's."""
-        a, b = ctc_greedy_decode(np.asarray(candidate)), ctc_greedy_decode(np.asarray(reference))
-        same = [tuple(x) == tuple(y) for x, y in zip(a, b)]
-        return "text_agreement", float(np.mean(same)) if same else 1.0
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray, band: float | None = None) -> tuple[str, float, float]:
+        """(name, agreement, strict agreement): share of lines whose greedy-decoded text equals the reference's.
+        With a band (the gate's elementwise tolerance), a line also agrees when at every time step the
+        candidate's class scores within the band of the reference's top class there (a tie at that tolerance)."""
+        c, r = np.asarray(candidate), np.asarray(reference)
+        strict = np.array([tuple(x) == tuple(y) for x, y in zip(ctc_greedy_decode(c), ctc_greedy_decode(r))])
+        if band is not None and len(c):
+            picked = np.take_along_axis(r, c.argmax(axis=2)[..., None], axis=2)[..., 0]     # [N, T]
+            strict_or_tie = strict | (picked >= r.max(axis=2) - band).all(axis=1)
+        else:
+            strict_or_tie = strict
+        n = max(len(c), 1)
+        return "text_agreement", float(strict_or_tie.sum() / n) if len(c) else 1.0, float(strict.sum() / n) if len(c) else 1.0
 
     def decode(self, outputs: np.ndarray, info: dict) -> list[str]:
         return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
