@@ -69,7 +69,7 @@ def print_summary(run_dir: Path, stage_order: list[str], outcomes: dict[str, str
     table = Table(title=f"run {run_dir}", header_style="bold")
     for col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "verdict",
                 "p50 (b=1)", "time"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "time"))
+        table.add_column(col, overflow="fold", no_wrap=col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "time"))
     rows, notes = gate_rows(run_dir, stage_order, outcomes)
     for r in rows:
         key = r[7].split(" ")[0]

@@ -318,7 +318,7 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
     from pipeline.engines import quant
 
     q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
-    ranked = quant.rank_layers(prefix, qprefix, x[:64], quant.DEFAULT_OP_TYPES, quant._WEIGHT_SLOT)
+    ranked = quant.rank_layers(prefix, qprefix, x[:32], quant.DEFAULT_OP_TYPES, quant._WEIGHT_SLOT)
 
     def requantize(skip: list[str]) -> str:
         return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,

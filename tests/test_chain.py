@@ -133,8 +133,8 @@ def test_missing_input_names_the_target(tmp_path):
 
 def test_int8_failure_ranks_sensitive_layers(smoke_run):
     run_dir, _, args, _ = smoke_run
-    res = cli("run", "server", *args, "-o", "server.gates.int8.atol=1e-9", "-o", "server.precisions=[fp32,int8]",
-              "-o", "server.engines=[paddle-inference]")
+    res = cli("run", "server", *args, "-o", "server.gates.int8.atol=1e-9", "-o", "server.gates.int8.rtol=0",
+              "-o", "server.precisions=[fp32,int8]", "-o", "server.engines=[paddle-inference]")
     assert res.returncode != 0
     man = json.loads((run_dir / "server.failed" / "manifest.json").read_text())
     int8 = next(g for g in man["gates"] if g["subject"] == "paddle-inference int8")
