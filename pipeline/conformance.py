@@ -46,13 +46,14 @@ ZOO: dict[str, list[str]] = {
 # `make test` runs these two end to end: LayerNorm/attention/swish and hardswish/SE/depthwise
 FAST = ("svtr_lcnet", "lcnet")
 STAGES = ("train", "export", "server", "lite", "bundle")
+PASSING = ("OK", "SKIPPED", "UNVERIFIED")   # SKIPPED/UNVERIFIED carry their reason (engine limitation / no device)
 
 
 @dataclass
 class Row:
     arch: str
     row: str                 # "<stage>: <subject>"
-    verdict: str             # OK | FAIL | SKIPPED | NOT RUN
+    verdict: str             # OK | FAIL | SKIPPED | UNVERIFIED (converted, not executed) | NOT RUN
     observed: str = ""
     limit: str = ""
     seconds: float | None = None
@@ -119,7 +120,7 @@ def run_arch(arch: str, root: Path, extra: list[str], timeout: float) -> list[Ro
         out, err = str(exc.stdout or ""), f"{exc.stderr or ''}\ntimeout after {timeout:g}s"
     atomic_write_text(log_dir / "run.log", f"$ {' '.join(cmd)}\n{out}\n--- stderr ---\n{err}")
     rows = _stage_rows(arch, log_dir, _tail(err))
-    rows.insert(0, Row(arch, "chain (wall time)", "OK" if all(r.verdict in ("OK", "SKIPPED") for r in rows) else "FAIL",
+    rows.insert(0, Row(arch, "chain (wall time)", "OK" if all(r.verdict in PASSING for r in rows) else "FAIL",
                        seconds=round(time.perf_counter() - t0, 1)))
     rows.append(_verify_row(arch, root / "bundles" / f"{arch}-conformance", env, log_dir))
     return rows
@@ -143,7 +144,7 @@ def render(rows: list[Row], console: Console | None = None) -> None:
     for col, just in (("architecture", "left"), ("row", "left"), ("verdict", "left"), ("observed", "right"),
                       ("limit", "right"), ("time s", "right")):
         table.add_column(col, justify=just)
-    style = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "NOT RUN": "dim"}
+    style = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "NOT RUN": "dim"}
     notes: list[str] = []
     last = None
     for r in rows:
@@ -192,8 +193,10 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
 
 
 def main(args) -> int:
+    from .config import split_overrides
+
     models = [m for part in (args.models or []) for m in part.split(",") if m] or list(FAST if args.fast else ZOO)
-    return run(models, Path(args.root), args.override, args.timeout)[1]
+    return run(models, Path(args.root), [*args.override, *split_overrides(args.overrides)], args.timeout)[1]
 
 
 def register(sub) -> None:
@@ -203,5 +206,7 @@ def register(sub) -> None:
     p.add_argument("--root", default=str(ROOT / "runs" / "conformance"), help="run folders and results go here")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every architecture (repeatable)")
+    p.add_argument("-O", "--overrides", default="", metavar="'K=V K2=V2'",
+                   help="several overrides in one string (what `make conformance O=...` passes)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per architecture")
     p.set_defaults(func=main)

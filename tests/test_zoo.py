@@ -112,7 +112,7 @@ def test_user_model_by_import_path_train_export_deploy_on_default_gates(tmp_path
     run = tmp_path / "user"
     for stage in ("train", "export", "server", "lite", "bundle"):
         man = json.loads((run / stage / "manifest.json").read_text())
-        assert man["status"] == "OK" and all(g["status"] in ("OK", "SKIPPED") for g in man["gates"]), stage
+        assert man["status"] == "OK" and all(g["status"] in ("OK", "SKIPPED", "UNVERIFIED") for g in man["gates"]), stage
     lite_man = json.loads((run / "lite" / "manifest.json").read_text())
     assert any("swish@" in r and "beta" in r for r in lite_man["info"]["restored_for_lite"])
     server = json.loads((run / "server" / "manifest.json").read_text())
@@ -132,8 +132,8 @@ def test_conformance_fast_subset_end_to_end(tmp_path):
     rows = json.loads((tmp_path / "conformance.json").read_text())["rows"]
     assert {r["arch"] for r in rows} == {"svtr_lcnet", "lcnet"}
     for r in rows:
-        assert r["verdict"] in ("OK", "SKIPPED"), r
-        if r["verdict"] == "SKIPPED":
+        assert r["verdict"] in ("OK", "SKIPPED", "UNVERIFIED"), r
+        if r["verdict"] != "OK":
             assert r["note"], r
     rows_of = {r["row"] for r in rows}
     assert {"server: paddle-inference fp16", "lite: lite x86 fp32", "verify bundle"} <= rows_of
