@@ -65,7 +65,7 @@ def main() -> int:
         if (d / "export" / "manifest.json").is_file():
             rows += measure(d)
     t = Table(title=f"low-precision error over {args.root} (validation slice vs Paddle Inference fp32)")
-    for col in ("architecture", "precision", "max|diff|", "max|ref|", "ratio", "agreement", "metric drop"):
+    for col in ("architecture", "precision", "max|diff|", "max|ref|", "ratio", "strict agreement", "metric drop"):
         t.add_column(col)
     f = (lambda v: "" if v is None else f"{v:.3g}")
     for r in rows:
