@@ -114,7 +114,8 @@ class DetectionTask:
 
     def decode(self, outputs: np.ndarray, info: dict) -> list[dict]:
         res = detect_batch(outputs, DBParams.from_dict(info))
-        return [{"boxes": np.round(q, 1).tolist(), "scores": np.round(s, 4).tolist()} for q, s in res]
+        return [{"boxes": np.round(q.astype(np.float64), 1).tolist(), "scores": np.round(s.astype(np.float64), 4).tolist()}
+                for q, s in res]
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
         return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]),
