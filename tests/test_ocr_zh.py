@@ -37,6 +37,7 @@ def test_chinese_pages_use_chinese_field_keys():
 def test_recognition_chain_at_realistic_head_size(tmp_path):
     tiny = ["run.quiet=true", "data.num_train=256", "data.num_val=32", "train.epochs=1", "train.min_metric=0.0",
             "train.val_slice=16", "server.precisions=[fp32,int8]", "server.gates.int8.metric_delta=1.0",
+            "server.gates.int8.min_agreement=0.0",
             "server.perf.repeats=3", "server.perf.batch_size=8", "server.quant.batch_size=8",
             "server.quant.batch_nums=2", "server.http.enable=false", "server.engines=[paddle-inference]",
             "server.tuning.threads=[0]", "server.tuning.rounds=1", "lite.arm=[fp32]", "bundle.samples=2",

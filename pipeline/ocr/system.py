@@ -80,7 +80,8 @@ def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int =
     k = 0
     for i, (quads, det_scores) in enumerate(found):
         for q, s in zip(quads, det_scores):
-            result[i].append({"box": np.round(q.astype(np.float64), 1).tolist(),   # float32 would print 66.80000305 "text": texts[k], "score": round(scores[k], 4),
-                              "det_score": round(float(s), 4)})
+            # float64 before rounding: a float32 66.8 prints as 66.80000305 in JSON
+            result[i].append({"box": np.round(q.astype(np.float64), 1).tolist(), "text": texts[k],
+                              "score": round(scores[k], 4), "det_score": round(float(s), 4)})
             k += 1
     return result
