@@ -131,8 +131,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
 
     max_pixels: images above it get 413 from their header, before decoding; max_concurrency: requests in
     progress at once (bodies + decoded images held in memory), more get 429."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
 
     from . import env
     from .engines.paddle_infer import InferenceEngine
@@ -149,22 +148,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
     runner = _Runner(engine, pool)
-
-    @asynccontextmanager
-    async def lifespan(_app):
-        yield
-        pool.shutdown(wait=True)
-
-    # FastAPI's native OpenTelemetry looks up the global providers on every request (~10 % of a /predict
-    # here, measured with cProfile); nothing configures OpenTelemetry in this service, so it is off.
-    app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
-    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
-    app.add_middleware(_LatencyLog, log_requests=log_requests)      # outermost: 429s are logged and timed too
-
-    @app.exception_handler(_BadRequest)
-    async def _bad(_request, exc: _BadRequest):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests)
 
     @app.get("/health")
     async def health():
@@ -193,6 +177,31 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     app.state.engine, app.state.runner = engine, runner
     return app
 
+
+
+def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_requests: bool):
+    """The FastAPI app every service here starts from: the predictor pool closed at shutdown, the concurrency
+    limit, request timing/logging and _BadRequest answered as {"error": ...}. Routes are added by the caller."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        pool.shutdown(wait=True)
+
+    # FastAPI's native OpenTelemetry looks up the global providers on every request (~10 % of a /predict
+    # here, measured with cProfile); nothing configures OpenTelemetry in these services, so it is off.
+    app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
+    app.add_middleware(_LatencyLog, log_requests=log_requests)      # outermost: 429s are logged and timed too
+
+    @app.exception_handler(_BadRequest)
+    async def _bad(_request, exc: _BadRequest):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    return app
 
 class _Runner:
     """Runs the engine for a request.

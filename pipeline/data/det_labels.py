@@ -18,7 +18,7 @@ from PIL import Image
 from ..errors import DataError
 from .imagefolder import check_on_bad, read_image
 from .invoice_pages import pack_quads
-from .labelfile import _read_text
+from .labelfile import _read_text, resolve_image
 
 
 def _parse_boxes(payload: str) -> list[tuple[str, np.ndarray]]:
@@ -67,9 +67,7 @@ def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_bo
             boxes = _parse_boxes(payload)
             if len(boxes) > max_boxes:
                 raise ValueError(f"{len(boxes)} boxes, more than data.max_boxes={max_boxes} (raise it)")
-            img_path = Path(rel) if Path(rel).is_absolute() else p.parent / rel
-            if not img_path.is_file():
-                raise ValueError(f"image {img_path} does not exist (relative paths are resolved against {p.parent})")
+            img_path = resolve_image(rel, p.parent)
             try:
                 image = read_image(img_path, spec)
                 w0, h0 = _page_size(img_path)

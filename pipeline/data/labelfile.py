@@ -65,6 +65,14 @@ def load_charset(path: str | os.PathLike) -> str:
     return "".join(chars)
 
 
+def resolve_image(rel: str, base: Path) -> Path:
+    """A label file's image path: absolute, or relative to the label file's folder (PaddleOCR convention)."""
+    img_path = Path(rel) if Path(rel).is_absolute() else base / rel
+    if not img_path.is_file():
+        raise ValueError(f"image {img_path} does not exist (relative paths are resolved against {base})")
+    return img_path
+
+
 def _check_line(line: str, charset: str, max_len: int | None) -> tuple[str, str]:
     """Return (image path, label) or raise ValueError with the reason and how to fix it."""
     if "\t" not in line:
@@ -107,11 +115,7 @@ def load_label_file(path: str | os.PathLike, charset: str, height: int, width: i
             continue
         try:
             rel, label = _check_line(line, charset, max_len)
-            img_path = Path(rel)
-            img_path = img_path if img_path.is_absolute() else base / img_path
-            if not img_path.is_file():
-                raise ValueError(f"image {img_path} does not exist "
-                                 f"(relative paths are resolved against {base})")
+            img_path = resolve_image(rel, base)
             try:
                 image = read_image(img_path, spec)
             except DataError as exc:

@@ -128,18 +128,15 @@ def _attr_value(pb: Any, name: str, value: Any) -> Any | None:
         a.type, a.f = pb.AttrType.FLOAT, value
     elif isinstance(value, str):
         a.type, a.s = pb.AttrType.STRING, value
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, bool) for v in value):
-        a.type = pb.AttrType.BOOLEANS
-        a.bools.extend(value)
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
-        a.type = pb.AttrType.INTS
-        a.ints.extend(value)
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, float) for v in value):
-        a.type = pb.AttrType.FLOATS
-        a.floats.extend(value)
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
-        a.type = pb.AttrType.STRINGS
-        a.strings.extend(value)
+    elif isinstance(value, (list, tuple)) and value:
+        # bool before int: bool is a subclass of int
+        for kind, attr_type, field in ((bool, "BOOLEANS", "bools"), (int, "INTS", "ints"),
+                                       (float, "FLOATS", "floats"), (str, "STRINGS", "strings")):
+            if all(isinstance(v, kind) for v in value):
+                a.type = getattr(pb.AttrType, attr_type)
+                getattr(a, field).extend(value)
+                return a
+        return None
     else:   # empty lists / block attrs: the type cannot be inferred, and Lite reads none of those
         return None
     return a

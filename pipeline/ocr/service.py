@@ -10,7 +10,6 @@ import asyncio
 import io
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from fastapi import Request
 
 from ..errors import PipelineError
 from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
-                     _ConcurrencyLimit, _LatencyLog, read_body)
+                     base_app, read_body)
 
 
 def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
@@ -69,9 +68,6 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
                    versions: dict | None = None, log_requests: bool = True, max_pixels: int = MAX_PIXELS,
                    max_concurrency: int = MAX_CONCURRENCY):
     """App for an (already hash-verified) system bundle folder; limits as in serve.create_app_from_model."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
     from .. import env
     from ..bundle import load_infer_config
     from .system import read_pages
@@ -86,18 +82,7 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     name = name or folder.name
 
-    @asynccontextmanager
-    async def lifespan(_app):
-        yield
-        pool.shutdown(wait=True)
-
-    app = FastAPI(title=f"pipeline serve: {name}", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
-    app.add_middleware(_LatencyLog, log_requests=log_requests)      # outermost: 429s are logged and timed too
-
-    @app.exception_handler(_BadRequest)
-    async def _bad(_request, exc: _BadRequest):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests)
 
     @app.get("/health")
     async def health():
