@@ -3,8 +3,8 @@
 `make train export deploy CONFIG=configs/ocr_system.yaml` runs the requested stages of the
 detection part, then of the recognition part (each an ordinary, separately gated run in its own
 run folder), and, once bundles are asked for, the `system` stage that joins the two published
-bundles. The parts share the system config's run.root/run.quiet/run.threads/bundle.root, so a
-test that moves the system run moves its parts too.
+bundles. The parts share the system config's run.root/run.quiet/run.threads/bundle.root (and train.nproc
+when set, e.g. by NPROC=N), so a test that moves the system run moves its parts too.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def part_configs(cfg: Config) -> dict[str, Config]:
     sc = cfg.system
     shared = [f"run.root={cfg.run.root}", f"run.quiet={str(cfg.run.quiet).lower()}",
               f"run.threads={cfg.run.threads}", f"bundle.root={cfg.bundle.root}"]
+    if str(cfg.train.nproc) != "auto":      # `make train NPROC=N CONFIG=configs/ocr_system.yaml` lays out both parts
+        shared.append(f"train.nproc={cfg.train.nproc}")
     out = {}
     for role, task in PARTS.items():
         path = getattr(sc, role)

@@ -227,7 +227,7 @@ class SystemCfg(Section):
     http_pages: int = Field(ge=0)
     min_line_accuracy: float = Field(ge=0, le=1)
     min_field_accuracy: float = Field(ge=0, le=1)
-    gates: dict[Literal["fp16", "bf16", "int8", "lite", "http"], float]
+    gates: dict[Literal["fp16", "bf16", "int8", "lite", "engines", "http"], float]
 
 
 class RegressionCfg(Section):

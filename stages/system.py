@@ -4,7 +4,8 @@ Inputs are the two parts' published bundles (artifacts of other runs, see pipeli
 nothing here imports another stage. On synthetic invoice pages from a seed neither model saw,
 the flow page → boxes → crops → recognition runs per engine row, and each row is gated:
   paddle-inference fp32 (the reference chain): line accuracy and field accuracy floors;
-  int8 / bf16 / fp16 pairs from the bundles, the Lite x86 .nb pair, HTTP /ocr: drop vs the fp32 chain.
+  int8 / bf16 / fp16 pairs from the bundles, the ONNX Runtime and OpenVINO fp32 pairs, the Lite x86 .nb
+  pair, HTTP /ocr: drop vs the fp32 chain.
 Then the bundle is assembled, verifies itself (hashes, both model bundles, the system on its
 sample pages) and is published next to the parts' bundles.
 """
@@ -114,6 +115,7 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
             g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
         g.seconds = round(time.perf_counter() - t0, 2)
         gates.append(g)
+    gates += _other_engine_rows(ctx, det_b, rec_b, spec, pages, keys, threads, ref, ref_lines)
     det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
     subject = "lite x86 fp32"
     if det_nb.is_file() and rec_nb.is_file():
@@ -130,6 +132,35 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
     else:
         gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb pair"))
     return gates, ref_lines
+
+
+def _other_engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads, ref, ref_lines) -> list[Gate]:
+    """The fp32 chain on every other configured runtime (server.engines: ONNX Runtime, OpenVINO) from the
+    bundles' server/onnx/model.onnx pair, gated on its drop vs the Paddle Inference fp32 chain."""
+    from pipeline.engines import registry
+    from pipeline.ocr.system import read_pages
+    from pipeline.serving import MODEL_PATHS
+
+    gates = []
+    for kind in (k for k in ctx.cfg.server.engines if k != "paddle-inference"):
+        subject = f"{kind} fp32"
+        pair = (det_b / MODEL_PATHS[kind], rec_b / MODEL_PATHS[kind])
+        ok, why = registry.available(kind)
+        if not ok or not all(p.is_file() for p in pair):
+            gates.append(skipped("system", subject, "fp32", METRIC,
+                                 why if not ok else f"the bundles hold no {MODEL_PATHS[kind]} pair"))
+            continue
+        t0 = time.perf_counter()
+        try:
+            det, rec = (registry.make(kind, p, "fp32", threads=threads) for p in pair)
+            lines = read_pages(list(pages["images"]), det, rec, spec)
+            g = _row(subject, "fp32", _effective(det, rec), lines, pages, keys, ref, ref_lines,
+                     ctx.cfg.system.gates["engines"])
+        except PipelineError as exc:
+            g = Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
+        g.seconds = round(time.perf_counter() - t0, 2)
+        gates.append(g)
+    return gates
 
 
 def _effective(det, rec) -> str:
@@ -257,7 +288,7 @@ def _external(cfg) -> dict[str, Path]:
     return {role: part.run_dir / "bundle" for role, part in part_configs(cfg).items()}
 
 
-STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite"), make_target="deploy",
+STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py"),
               description="OCR system bundle from a gated detection and a gated recognition run, end-to-end gates")

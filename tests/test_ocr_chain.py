@@ -29,7 +29,11 @@ def cli(*args, check=False):
 @pytest.fixture(scope="module")
 def system_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    args = ["-c", "configs/smoke_ocr_system.yaml", "-o", f"run.root={root}", "-o", f"bundle.root={root}/bundles"]
+    # the smoke parts run Paddle Inference only (fast `make test`); here they also bundle model.onnx, so the
+    # system runs its ONNX Runtime and OpenVINO rows (both read server/onnx/model.onnx)
+    onnx = '["server.engines=[paddle-inference,onnxruntime]"]'
+    args = ["-c", "configs/smoke_ocr_system.yaml", "-o", f"run.root={root}", "-o", f"bundle.root={root}/bundles",
+            "-o", f"system.detection_overrides={onnx}", "-o", f"system.recognition_overrides={onnx}"]
     res = cli("run", "train", "export", "deploy", *args, check=True)
     return root, args, res
 
@@ -53,6 +57,10 @@ def test_system_rows_and_bundle(system_run):
     assert {"line_accuracy", "field_accuracy"} <= set(gates["paddle-inference fp32"]["extra"])
     assert gates["paddle-inference int8"]["status"] == "OK"
     assert gates["lite x86 fp32"]["status"] == "OK" and "agreement_with_fp32" in gates["lite x86 fp32"]["extra"]
+    for kind in ("onnxruntime", "openvino"):                 # the same flow on the other runtimes' model.onnx pair
+        assert gates[f"{kind} fp32"]["status"] == "OK", gates[f"{kind} fp32"]
+        assert gates[f"{kind} fp32"]["extra"]["agreement_with_fp32"] >= 0.99
+        assert gates[f"{kind} fp32"]["precision_effective"] == "fp32"
     assert gates["paddle-inference fp16"]["status"] == "SKIPPED" and gates["paddle-inference fp16"]["reason"]
     assert gates["http /ocr fp32"]["status"] == "OK" and gates["http /ocr fp32"]["value"] == 0.0
     assert gates["bundle self-verification"]["status"] == "OK"

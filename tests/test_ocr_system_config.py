@@ -20,6 +20,17 @@ def test_parts_share_the_system_run_settings(tmp_path):
         assert part.run_dir.parent == tmp_path and part.bundle.root == f"{tmp_path}/b" and part.run.quiet
 
 
+def test_nproc_reaches_both_parts_only_when_set(tmp_path):
+    """`make train NPROC=1 CONFIG=configs/ocr_system.yaml` lays out the parts' training, not the system's."""
+    base = [f"run.root={tmp_path}"]
+    parts = part_configs(load_config([ROOT / "configs" / "ocr_system.yaml"], base + ["train.nproc=1"]))
+    assert {p.train.nproc for p in parts.values()} == {1}
+    parts = part_configs(load_config([ROOT / "configs" / "ocr_system.yaml"], base))
+    assert {str(p.train.nproc) for p in parts.values()} == {"auto"}
+    parts = part_configs(load_config([ROOT / "configs" / "smoke_ocr_system.yaml"], base))
+    assert {p.train.nproc for p in parts.values()} == {1}                # a part's own setting stays
+
+
 def test_part_with_the_wrong_task_or_missing_is_refused(tmp_path):
     cfg = load_config([ROOT / "configs" / "ocr_system.yaml"], ["system.detection=configs/ocr_rec.yaml"])
     with pytest.raises(ConfigError, match="expected detection"):
