@@ -175,6 +175,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     add_v2_routes(app, name=name, runner=runner, input_shape=want, output_name="output",
                   versions=versions or env.versions(), max_body=max_body)
     app.state.engine, app.state.runner = engine, runner
+    app.state.endpoints = "POST /predict, GET /health, KServe v2 under /v2"
     return app
 
 
@@ -410,8 +411,8 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         if host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
         log.info("bundle %s", app.state.signature)
-        log.info("serving %s with %s on http://%s:%d (POST /predict, GET /health, KServe v2 under /v2)", bundle,
-                 app.state.engine.kind, host, port)
+        log.info("serving %s with %s on http://%s:%d (%s)", bundle, app.state.engine.kind, host, port,
+                 app.state.endpoints)
         uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     finally:
         sock.close()

@@ -114,3 +114,34 @@ def test_serve_ocr_answers_lines_with_boxes(system_run):
         buf = io.BytesIO()
         big.save(buf, format="PNG")
         assert client.post("/ocr", content=buf.getvalue(), headers={"content-type": "image/png"}).status_code == 200
+
+
+def test_serve_cli_answers_ocr_on_the_system_bundle(system_run):
+    """`python -m pipeline serve <system bundle>` as a user starts it (its startup log names the engine)."""
+    import socket
+    import time
+    import urllib.request
+
+    bundle = Path(_manifest(system_run[0], "smoke_ocr_system", "system")["info"]["bundle"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", str(bundle), "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    assert json.loads(r.read())["task"] == "ocr_system"
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.1)
+        page = sorted((bundle / "samples").glob("page_*.png"))[0].read_bytes()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/ocr", data=page, headers={"content-type": "image/png"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert isinstance(json.loads(r.read())["lines"], list)
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "Traceback" not in out and "POST /ocr" in out, out

@@ -97,6 +97,7 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 
+    app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health"     # `serve` logs both
     return app
 
 
