@@ -7,8 +7,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from pipeline.capabilities import host_arch
 
 from pipeline.bundle import open_bundle, safe_extract, verify_hashes, write_archive
 from pipeline.errors import IntegrityError, MissingArtifact
+from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,11 +31,6 @@ def bundle_copy(bundle, tmp_path):
     dst = tmp_path / bundle[0].name
     shutil.copytree(bundle[0], dst)
     return dst
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
 
 
 # ------------------------------------------------------------------ crafted archives (fast)

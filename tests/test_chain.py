@@ -1,8 +1,5 @@
 """Integration: the whole chain on the smoke config, through the CLI, as users run it."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,18 +7,10 @@ import pytest
 from pipeline import capabilities as caps
 from pipeline.artifacts import sha256_file
 from pipeline.engines import evidence
+from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def cli(*args, env_extra=None, check=False):
-    env = {**os.environ, **(env_extra or {})}
-    res = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                         env=env, timeout=900)
-    if check and res.returncode != 0:
-        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,15 @@
 """Integration: the tiny detection chain through the CLI (train → export → server → lite → bundle),
 gated on probability maps and hmean, then `verify` on the archive and `serve` /predict returning boxes."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def cli(*args, check=False):
-    res = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ), timeout=1200)
-    if check and res.returncode != 0:
-        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res
 
 
 @pytest.fixture(scope="module")

@@ -11,19 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("PIPELINE_OCR_E2E") != "1",
                                  reason="OCR system end to end takes minutes: run `make test-ocr`")]
-
-
-def cli(*args, check=False):
-    res = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ), timeout=1200)
-    if check and res.returncode != 0:
-        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res
 
 
 @pytest.fixture(scope="module")

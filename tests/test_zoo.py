@@ -1,8 +1,6 @@
 """Real architectures on defaults: zoo builders, mixed-precision emulation that follows Paddle's op
 lists, general Lite repair, BN recalibration, a user model by import path, and the fast conformance subset."""
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from pipeline.engines import lite, program_repair
 from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
+from tests.clirun import pipeline_cli as _cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,12 +91,6 @@ def test_bn_recalibrate_averages_batch_statistics():
         conv_out = net[0](paddle.to_tensor(x)).numpy()
     np.testing.assert_allclose(layer._mean.numpy(), conv_out.mean(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
     assert layer._momentum == 0.9 and not net.training
-
-
-def _cli(*args, timeout=900):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 @pytest.mark.slow
