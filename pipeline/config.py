@@ -205,6 +205,7 @@ class ServeCfg(Section):
     max_body_bytes: int = PosInt
     max_pixels: int = PosInt
     max_concurrency: int = PosInt
+    access_log: bool
 
 
 class DetectionCfg(Section):

@@ -218,3 +218,64 @@ def test_concurrency_limit_answers_429_while_requests_are_in_progress(tiny_model
                 break
             time.sleep(0.05)
         assert r.status_code == 400          # served again (and told the body is not an image)
+
+
+def test_request_log_summary_by_default_and_per_request_when_asked(tiny_model, caplog):
+    """Default: no line per request, one summary line (count per status, p50/p99) per interval and at
+    shutdown; log_requests=True (serve.access_log): one line per request. X-Latency-ms either way."""
+    import logging
+
+    img = _png(_images(1)[0])
+    caplog.set_level(logging.INFO, logger="pipeline.serve")
+    parent = logging.getLogger("pipeline")
+    propagate, parent.propagate = parent.propagate, True      # the CLI's handler may have turned it off
+    try:
+        _check_request_log(tiny_model, caplog, img)
+    finally:
+        parent.propagate = propagate
+
+
+def _check_request_log(tiny_model, caplog, img):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serve import create_app_from_model
+
+    app = create_app_from_model(*tiny_model)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for _ in range(3):
+            assert "x-latency-ms" in c.post("/predict", content=img, headers={"content-type": "image/png"}).headers
+        assert c.post("/predict", content=b"", headers={"content-type": "image/png"}).status_code == 400
+        assert not [r for r in caplog.records if "->" in r.getMessage()]
+    summary = [r.getMessage() for r in caplog.records if "requests in" in r.getMessage()]
+    assert len(summary) == 1 and summary[0].startswith("4 requests in") and "200×3, 400×1" in summary[0], summary
+
+    caplog.clear()
+    app = create_app_from_model(*tiny_model, log_requests=True)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert "x-latency-ms" in c.post("/predict", content=img, headers={"content-type": "image/png"}).headers
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("POST /predict -> 200 in") for m in lines), lines
+    assert not [m for m in lines if "requests in" in m]
+
+
+def test_traffic_summary_every_interval():
+    import logging
+
+    from pipeline.serve import _Traffic
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: seen.append(rec.getMessage())
+    log = logging.getLogger("pipeline.serve")
+    log.addHandler(handler)
+    old = log.level
+    log.setLevel(logging.INFO)
+    try:
+        t = _Traffic(every_s=0.0)          # every request closes an interval
+        t.add(200, 1.0)
+        t.add(429, 2.0)
+        t.flush()                          # nothing left: no empty line
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)
+    assert len(seen) == 2 and "1 requests" in seen[0] and "200×1" in seen[0] and "429×1" in seen[1], seen
