@@ -105,6 +105,21 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
     assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] > 0 for r in rows)
 
 
+def test_served_onnxruntime_pool_threads_do_not_spin(tiny):
+    """`serve` builds its engines with spin=False: ORT's pool threads sleep between calls instead of
+    busy-waiting on the cores the event loop needs. The session itself says so, and outputs are unchanged."""
+    def allow_spinning(eng):
+        return eng._sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+    served = registry.make_routed("onnxruntime", tiny["onnx"], "fp32",
+                                  {"batch1": {"threads": 2}, "batchN": {"threads": 2}}, spin=False)
+    assert allow_spinning(served.single) == allow_spinning(served.batched) == "0"
+    assert served.settings["batch1"]["spinning"] is False
+    loop = registry.make("onnxruntime", tiny["onnx"], threads=2)          # benchmarks keep ORT's default
+    assert allow_spinning(loop) == "1" and loop.settings["spinning"] is True
+    assert np.abs(served.run(tiny["x"][:1]) - tiny["ref"][:1]).max() < 1e-4
+
+
 @pytest.mark.parametrize("kind", ["onnxruntime", "openvino"])
 def test_bad_input_is_a_data_error(tiny, kind):
     eng = registry.make(kind, tiny["onnx"])

@@ -78,6 +78,8 @@ def test_serve_uses_the_recommended_engine_unless_overridden(smoke_bundle):
     folder, _ = smoke_bundle
     serving = yaml.safe_load((folder / "infer_config.yaml").read_text())["serving"]
     assert create_app(folder).state.engine.kind == serving["engine"]
+    ort_engine = create_app(folder, engine="onnxruntime").state.engine
+    assert not ort_engine.settings["batch1"]["spinning"] and not ort_engine.settings["batchN"]["spinning"]
     assert create_app(folder, engine="paddle-inference").state.engine.kind == "paddle-inference"
     with pytest.raises(ConfigError, match="unknown engine"):
         create_app(folder, engine="tensorflow")

@@ -45,7 +45,9 @@ class OrtEngine(Engine):
     kind = "onnxruntime"
 
     def __init__(self, onnx_file: str | os.PathLike, *, threads: int = 1, provider: str = "cpu",
-                 label: str = "fp32") -> None:
+                 label: str = "fp32", spin: bool = True) -> None:
+        """spin: ORT's intra-op pool threads busy-wait for the next call (its default; best for a tight
+        loop). A server turns it off: the spinning threads take cores from its event loop and HTTP stack."""
         import onnxruntime as ort
 
         super().__init__()
@@ -60,6 +62,7 @@ class OrtEngine(Engine):
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         with tempfile.TemporaryDirectory(prefix="ort-opt-") as tmp:
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")   # what ORT really runs
             try:
@@ -72,7 +75,8 @@ class OrtEngine(Engine):
             raise PipelineError(f"engine supports one input, {path} has {[i.name for i in inp]}")
         self.input_name, self.output_name = inp[0].name, outs[0].name
         self.input_shape = [d if isinstance(d, int) else -1 for d in inp[0].shape]
-        self.settings = {"threads": int(threads), "provider": PROVIDERS[provider], "graph_optimization": "all"}
+        self.settings = {"threads": int(threads), "provider": PROVIDERS[provider], "graph_optimization": "all",
+                         "spinning": bool(spin) and int(threads) > 1}
         int8_ops = {k: v for k, v in ops.items() if k in _INT8_KERNELS}
         qdq_left = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
         if label == "int8":

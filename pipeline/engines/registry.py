@@ -29,9 +29,11 @@ def available(kind: str) -> tuple[bool, str]:
 
 
 def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, threads: int = 1,
-         batch: int | None = None, **paddle_opts) -> Engine:
+         batch: int | None = None, spin: bool = True, **paddle_opts) -> Engine:
     """model: a Paddle prefix for paddle-inference; an .onnx (or OpenVINO .xml) file otherwise.
-    batch: a batch size the instance will always see (OpenVINO compiles it statically)."""
+    batch: a batch size the instance will always see (OpenVINO compiles it statically).
+    spin=False: ONNX Runtime's pool threads sleep between calls (for servers; Paddle's OpenMP threads
+    already wait passively, see pipeline/env.py)."""
     if kind == "paddle-inference":
         from pipeline.engines.paddle_infer import InferenceEngine
 
@@ -39,7 +41,7 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     if kind == "onnxruntime":
         from pipeline.engines.ort import OrtEngine
 
-        return OrtEngine(model, threads=threads, label=precision)
+        return OrtEngine(model, threads=threads, label=precision, spin=spin)
     if kind == "openvino":
         from pipeline.engines.ov import OpenVinoEngine
 
@@ -47,10 +49,11 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
 
 
-def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, **paddle_opts) -> ShapeRouted:
+def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, *, spin: bool = True,
+                **paddle_opts) -> ShapeRouted:
     """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads"}, "batchN": {"threads"}})."""
-    one = make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, **paddle_opts)
-    many = make(kind, model, precision, threads=int(settings["batchN"]["threads"]), **paddle_opts)
+    one = make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, spin=spin, **paddle_opts)
+    many = make(kind, model, precision, threads=int(settings["batchN"]["threads"]), spin=spin, **paddle_opts)
     return ShapeRouted(one, many)
 
 
