@@ -69,7 +69,7 @@ class _Traffic:
         if self.ms:
             p50, p99 = np.percentile(self.ms, [50, 99])
             codes = ", ".join(f"{c}×{n}" for c, n in sorted(self.codes.items()))
-            log.info("%d requests in %.0f s (%s); latency p50 %.2f ms, p99 %.2f ms", len(self.ms), now - self.since,
+            log.info("%d requests in %.1f s (%s); latency p50 %.2f ms, p99 %.2f ms", len(self.ms), now - self.since,
                      codes, p50, p99)
         self._reset(now)
 
