@@ -197,11 +197,16 @@ def _http_verdicts(console, a, served: str, eng: float | None, seq: dict, conc: 
                          if floor > 3 else "")
                       + f"; serve adds {s1['client_p50_ms'] - b1['client_p50_ms']:.3f} ms over the floor; "
                       f"with server-side = engine only, the best reachable is ≈ {(b1['client_p50_ms'] + eng) / eng:.1f}×")
-    rr = conc["serve /predict"]["rps"] / max(conc["bare FastAPI"]["rps"], 1e-9)
+    sN, bN = conc["serve /predict"], conc["bare FastAPI"]
+    rr = sN["rps"] / max(bN["rps"], 1e-9)
     console.print(f"  serve vs bare FastAPI req/s at concurrency {a.concurrency}: {rr:.2f}× (goal ≥ 0.5×) "
                   + ("[green]met[/]" if rr >= 0.5 else "[red]NOT met[/]")
                   + "; serve does the job per request (decode, preprocess, model, JSON), the bare endpoint "
                     "returns a constant")
+    if sN["server_cpu_ms"] and bN["server_cpu_ms"]:
+        console.print(f"    server CPU per request: serve {sN['server_cpu_ms']:.3f} ms, bare {bN['server_cpu_ms']:.3f} ms "
+                      f"({bN['server_cpu_ms'] / sN['server_cpu_ms']:.2f}×: the req/s ratio where the server's one event "
+                      "loop is the bottleneck; here the load client shares the cores, which narrows the gap)")
 
 
 def _get(url: str) -> str:
