@@ -53,6 +53,8 @@ def test_fp16_emulation_follows_paddle_op_lists(hybrid, tmp_path):
     assert {"conv2d", "matmul_v2"} <= set(info["low_precision_ops"])
     assert {"layer_norm", "softmax"} <= set(info["fp32_ops_black_list"])
     assert "layer_norm" not in info["low_precision_ops"] and "softmax" not in info["low_precision_ops"]
+    # conv (+ bias) + batch_norm are one fused op on a GPU predictor: only the normalised output is rounded
+    assert info["batch_norms_folded"] >= 3
     fp32, emu = InferenceEngine(prefix), InferenceEngine(tmp_path / "emu" / "model", "fp16")
     a, b = fp32.run(x), emu.run(x)
     assert emu.effective_precision == "fp16-emulated" and 0 < np.abs(a - b).max() < 0.05 * np.abs(a).max()

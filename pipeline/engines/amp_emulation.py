@@ -8,6 +8,10 @@ an fp32 program by inserting rounding casts (cast fp32→low→fp32 has CPU kern
     the inference pass's default black list) compute in fp32 on fp32 (cast-back) inputs;
   * every other op is "gray": low precision when one of its float inputs already is (it follows its
     producers), fp32 otherwise; batch_norm keeps its fp32 statistics/affine parameters, as Paddle does;
+  * batch_norm right after a convolution is folded into it, as Paddle's GPU passes do before the
+    mixed-precision pass (conv_bn_fuse_pass; map_op_to_another_pass makes depthwise convs conv2d):
+    the convolution's raw output is never rounded, the normalised one is. Rounding before the
+    normalisation would multiply the rounding error by gamma/sigma, which real fp16 never does;
   * keep_io_types: the feed stays fp32 and the fetched output is cast back to fp32;
   * only outputs a later op reads (or the fetch) are rounded: outputs inference never fills
     (layer_norm Mean/Variance, batch_norm SavedMean/..., XShape, dropout Mask) are never touched.
@@ -41,6 +45,8 @@ _SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceO
 # Parameters Paddle keeps in fp32 even when the op runs in low precision (normalisation statistics).
 _FP32_PARAM_SLOTS = {"Scale", "Bias", "Mean", "Variance"}
 _NON_COMPUTE = {"feed", "fetch"}
+# Convolutions whose batch_norm Paddle's GPU inference folds into the weights before the AMP pass.
+_FOLDS_BN = {"conv2d", "depthwise_conv2d"}
 
 
 def op_lists(dtype: str = "fp16") -> tuple[set[str], set[str]]:
@@ -78,6 +84,9 @@ class _Emulator:
         self.params: set[str] = set()        # persistable weights to round
         self.n_casts = 0
         self.low_ops: dict[str, int] = {}
+        self.folded: set[str] = set()        # conv outputs only a folded batch_norm reads (never rounded)
+        self.consumers: dict[str, list] = {}
+        self.producers: dict[str, object] = {}
 
     def _float(self, name: str) -> bool:
         v = self.block._find_var_recursive(name)
@@ -97,7 +106,7 @@ class _Emulator:
         self.n_casts += 1
 
     def _runs_low(self, op) -> bool:
-        if op.type in self.white:
+        if op.type in self.white or self._is_folded(op):
             return True
         if op.type in self.black or op.type in _NON_COMPUTE:
             return False
@@ -112,7 +121,7 @@ class _Emulator:
                     if self._float(name) and not (slot in _FP32_PARAM_SLOTS and op.type.endswith("_norm")):
                         self.params.add(name)
                     continue
-                if name in self.half or not self._float(name):
+                if name in self.half or name in self.folded or not self._float(name):
                     continue
                 if name not in self.rounded:
                     v = self.block.var(name)
@@ -127,7 +136,11 @@ class _Emulator:
         inserted = 0
         outs = [n for slot in op.output_names if slot not in _SKIP_OUT_SLOTS for n in op.output(slot)]
         for name in dict.fromkeys(outs):
-            if not self._float(name) or self._persistable(name) or name not in consumed:
+            if not self._float(name) or self._persistable(name) or name not in consumed or name in self.folded:
+                continue
+            chain = self._bn_fold_chain(name) if op.type in _FOLDS_BN else []
+            if chain:
+                self.folded.update(chain)    # the bias add / batch_norm reading it are the fused op's epilogue
                 continue
             v = self.block.var(name)
             raw = self.block.create_var(name=f"{name}.lowraw{self.n_casts}", shape=v.shape, dtype=self.fp32)
@@ -137,9 +150,44 @@ class _Emulator:
             inserted += 2
         return inserted
 
+    def _only_reader(self, name: str):
+        readers = self.consumers.get(name, [])
+        return readers[0] if len(readers) == 1 else None
+
+    def _constant(self, name: str) -> bool:
+        """A parameter, or a parameter reshaped (jit.save writes a conv bias as reshape2(bias))."""
+        if self._persistable(name):
+            return True
+        op = self.producers.get(name)
+        return op is not None and op.type in ("reshape2", "unsqueeze2") and all(
+            self._persistable(n) for n in op.input("X"))
+
+    def _bn_fold_chain(self, conv_out: str) -> list[str]:
+        """[conv_out] or [conv_out, bias_out] when a batch_norm alone reads it, directly or through a bias
+        add (conv_bn_fuse_pass / conv_eltwiseadd_bn_fuse_pass); [] when nothing is folded."""
+        chain, name = [conv_out], conv_out
+        reader = self._only_reader(name)
+        if reader is not None and reader.type == "elementwise_add" and reader.input("X") == [name] \
+                and all(self._constant(n) for n in reader.input("Y")):
+            name = reader.output("Out")[0]
+            chain.append(name)
+            reader = self._only_reader(name)
+        is_bn = reader is not None and reader.type == "batch_norm" and reader.input("X") == [name]
+        return chain if is_bn else []
+
+    def _is_folded(self, op) -> bool:
+        return op.type in ("batch_norm", "elementwise_add") and any(n in self.folded for n in op.input("X"))
+
     def run(self) -> None:
         ops = list(self.block.ops)
         consumed = {n for op in ops for slot in op.input_names for n in op.input(slot)}
+        for op in ops:
+            for slot in op.input_names:
+                for n in op.input(slot):
+                    self.consumers.setdefault(n, []).append(op)
+            for slot in op.output_names:
+                for n in op.output(slot):
+                    self.producers[n] = op
         i = 0
         while i < len(self.block.ops):
             op = self.block.ops[i]
@@ -190,5 +238,6 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
     finally:
         paddle.disable_static()
     return {"label": f"{dtype}-emulated", "casts_inserted": 2 * emu.n_casts, "params_rounded": len(emu.params),
+            "batch_norms_folded": sum(op.type == "batch_norm" and emu._is_folded(op) for op in prog.global_block().ops),
             "low_precision_ops": dict(sorted(emu.low_ops.items())),
             "fp32_ops_black_list": sorted({op.type for op in prog.global_block().ops} & black)}
