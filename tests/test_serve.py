@@ -3,6 +3,7 @@
 Fast tests use a tiny randomly initialised CNN exported with jit.save (seconds, no training);
 the slow ones serve a real smoke bundle and run http_gate against it.
 """
+import contextlib
 import io
 import json
 
@@ -220,22 +221,33 @@ def test_concurrency_limit_answers_429_while_requests_are_in_progress(tiny_model
         assert r.status_code == 400          # served again (and told the body is not an image)
 
 
-def test_request_log_summary_by_default_and_per_request_when_asked(tiny_model, caplog):
+def test_request_log_summary_by_default_and_per_request_when_asked(tiny_model):
     """Default: no line per request, one summary line (count per status, p50/p99) per interval and at
     shutdown; log_requests=True (serve.access_log): one line per request. X-Latency-ms either way."""
+    img = _png(_images(1)[0])
+    with _serve_log() as seen:       # its own handler: earlier tests leave pytest's capture handlers on
+        _check_request_log(tiny_model, seen, img)     # the "pipeline" logger, which caplog would count twice
+
+
+@contextlib.contextmanager
+def _serve_log():
     import logging
 
-    img = _png(_images(1)[0])
-    caplog.set_level(logging.INFO, logger="pipeline.serve")
-    parent = logging.getLogger("pipeline")
-    propagate, parent.propagate = parent.propagate, True      # the CLI's handler may have turned it off
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: seen.append(rec.getMessage())
+    log = logging.getLogger("pipeline.serve")
+    old = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     try:
-        _check_request_log(tiny_model, caplog, img)
+        yield seen
     finally:
-        parent.propagate = propagate
+        log.removeHandler(handler)
+        log.setLevel(old)
 
 
-def _check_request_log(tiny_model, caplog, img):
+def _check_request_log(tiny_model, seen, img):
     from fastapi.testclient import TestClient
 
     from pipeline.serve import create_app_from_model
@@ -245,37 +257,24 @@ def _check_request_log(tiny_model, caplog, img):
         for _ in range(3):
             assert "x-latency-ms" in c.post("/predict", content=img, headers={"content-type": "image/png"}).headers
         assert c.post("/predict", content=b"", headers={"content-type": "image/png"}).status_code == 400
-        assert not [r for r in caplog.records if "->" in r.getMessage()]
-    summary = [r.getMessage() for r in caplog.records if "requests in" in r.getMessage()]
+        assert not [m for m in seen if "->" in m]
+    summary = [m for m in seen if "requests in" in m]
     assert len(summary) == 1 and summary[0].startswith("4 requests in") and "200×3, 400×1" in summary[0], summary
 
-    caplog.clear()
+    seen.clear()
     app = create_app_from_model(*tiny_model, log_requests=True)
     with TestClient(app, raise_server_exceptions=False) as c:
         assert "x-latency-ms" in c.post("/predict", content=img, headers={"content-type": "image/png"}).headers
-    lines = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("POST /predict -> 200 in") for m in lines), lines
-    assert not [m for m in lines if "requests in" in m]
+    assert any(m.startswith("POST /predict -> 200 in") for m in seen), seen
+    assert not [m for m in seen if "requests in" in m]
 
 
 def test_traffic_summary_every_interval():
-    import logging
-
     from pipeline.serve import _Traffic
 
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda rec: seen.append(rec.getMessage())
-    log = logging.getLogger("pipeline.serve")
-    log.addHandler(handler)
-    old = log.level
-    log.setLevel(logging.INFO)
-    try:
+    with _serve_log() as seen:
         t = _Traffic(every_s=0.0)          # every request closes an interval
         t.add(200, 1.0)
         t.add(429, 2.0)
         t.flush()                          # nothing left: no empty line
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old)
     assert len(seen) == 2 and "1 requests" in seen[0] and "200×1" in seen[0] and "429×1" in seen[1], seen
