@@ -18,10 +18,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from ..errors import DataError
-from .textlines import DEFAULT_CHARSET, random_text
+from .textlines import DEFAULT_CHARSET, load_fonts, random_text
 
 RENDER_VERSION = 3
 FIELDS = ("invoice_no", "date", "amount")
@@ -41,17 +41,6 @@ class Page:
 def keys_for(charset: str) -> dict[str, str]:
     """CJK keys when the charset can spell them (a Chinese dictionary), Latin keys otherwise."""
     return KEYS_CJK if all(c in charset for k in KEYS_CJK.values() for c in k) else KEYS_LATIN
-
-
-def _fonts(paths: list[str], sizes: range) -> list[dict[int, ImageFont.FreeTypeFont]]:
-    tables = []
-    for p in paths:
-        try:
-            tables.append({s: ImageFont.truetype(str(p), size=s) for s in sizes})
-        except OSError as exc:
-            raise DataError(f"font file {p} cannot be read: {exc}",
-                            hint="give TTF/OTF/TTC files in data.fonts, or [] for the built-in font")
-    return tables or [{s: ImageFont.load_default(size=s) for s in sizes}]
 
 
 class _Painter:
@@ -205,7 +194,7 @@ def render_pages(n: int, seed: int, height: int, width: int, fonts: list[str] | 
         raise DataError(f"cannot render {n} pages of {height}x{width} (pages need at least 64x64 pixels)")
     r, rng = random.Random(seed), np.random.default_rng(seed)
     size_range = range(sizes[0], sizes[1] + 1)
-    tables = _fonts(list(fonts or []), size_range)
+    tables = load_fonts(list(fonts or []), size_range)
     return [render_page(r, rng, height, width, tables, charset, max_len, size_range) for _ in range(n)]
 
 

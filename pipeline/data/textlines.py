@@ -91,17 +91,17 @@ def random_text(r: random.Random, max_len: int, charset: str = DEFAULT_CHARSET) 
 
 
 # ----------------------------------------------------------------------------- fonts
-def _load_fonts(fonts: list[str]) -> list[dict[int, _FontT]]:
-    """One {size: font} table per font file (or one for Pillow's built-in font)."""
+def load_fonts(fonts: list[str], sizes=_FONT_SIZES) -> list[dict[int, _FontT]]:
+    """One {size: font} table per font file (or one for Pillow's built-in font); text lines and pages."""
     tables: list[dict[int, _FontT]] = []
     for path in fonts:
         try:
-            tables.append({s: ImageFont.truetype(str(path), size=s) for s in _FONT_SIZES})
+            tables.append({s: ImageFont.truetype(str(path), size=s) for s in sizes})
         except OSError as exc:
             raise DataError(f"font file {path} cannot be read: {exc}",
-                            hint="give TTF/OTF files in data.fonts, or an empty list for the built-in font")
+                            hint="give TTF/OTF/TTC files in data.fonts, or [] for the built-in font")
     if not tables:
-        tables.append({s: ImageFont.load_default(size=s) for s in _FONT_SIZES})
+        tables.append({s: ImageFont.load_default(size=s) for s in sizes})
     return tables
 
 
@@ -186,7 +186,7 @@ def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len:
         raise DataError(f"cannot render n={n} lines with max_len={max_len}")
     r = random.Random(seed)
     rng = np.random.default_rng(seed)
-    tables = _load_fonts(list(fonts or []))
+    tables = load_fonts(list(fonts or []))
     glyphs = _Glyphs(tables)
     spec = {"height": height, "width": width, "resize": "pad_right"}
     images = np.empty((n, height, width), dtype=np.uint8)
