@@ -16,9 +16,9 @@ import numpy as np
 from PIL import Image
 
 from ..errors import DataError
-from .imagefolder import check_on_bad, read_image
+from .imagefolder import read_image
 from .invoice_pages import pack_quads
-from .labelfile import _read_text, resolve_image
+from .labelfile import read_label_lines, resolve_image
 
 
 def _parse_boxes(payload: str) -> list[tuple[str, np.ndarray]]:
@@ -52,42 +52,30 @@ def _page_size(path: Path) -> tuple[int, int]:
 def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_boxes: int,
                         on_bad: str = "error") -> tuple[np.ndarray, np.ndarray, list[list[str]], int]:
     """→ (uint8 [N, H, W], packed quads [N, max_boxes, 4, 2] in model pixels, transcriptions, skipped)."""
-    check_on_bad(on_bad)
     p = Path(path)
     spec = {"height": height, "width": width, "resize": "stretch"}
-    images, quads, texts, skipped = [], [], [], 0
-    for lineno, raw in enumerate(_read_text(p, "detection label file").split("\n"), 1):
-        line = raw.rstrip("\r")
-        if not line.strip():
-            continue
+
+    def parse(line: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        if "\t" not in line:
+            raise ValueError("no TAB between image path and boxes (expected 'path<TAB>[{...}]')")
+        rel, payload = line.split("\t", 1)
+        boxes = _parse_boxes(payload)
+        if len(boxes) > max_boxes:
+            raise ValueError(f"{len(boxes)} boxes, more than data.max_boxes={max_boxes} (raise it)")
+        img_path = resolve_image(rel, p.parent)
         try:
-            if "\t" not in line:
-                raise ValueError("no TAB between image path and boxes (expected 'path<TAB>[{...}]')")
-            rel, payload = line.split("\t", 1)
-            boxes = _parse_boxes(payload)
-            if len(boxes) > max_boxes:
-                raise ValueError(f"{len(boxes)} boxes, more than data.max_boxes={max_boxes} (raise it)")
-            img_path = resolve_image(rel, p.parent)
-            try:
-                image = read_image(img_path, spec)
-                w0, h0 = _page_size(img_path)
-            except (DataError, OSError) as exc:
-                raise ValueError(getattr(exc, "message", str(exc))) from None
-            scale = np.array([width / w0, height / h0], np.float32)
-            q = np.stack([b[1] for b in boxes]) * scale if boxes else np.zeros((0, 4, 2), np.float32)
-            if (q.reshape(-1, 2) > [width * 1.001 + 1, height * 1.001 + 1]).any():
-                raise ValueError(f"a box lies outside the {w0}x{h0} image")
-        except ValueError as exc:
-            if on_bad == "error":
-                raise DataError(f"{p}:{lineno}: {exc}",
-                                hint="fix the line, or set data.on_bad_sample: skip to drop bad lines") from None
-            skipped += 1
-            continue
-        images.append(image)
-        quads.append(np.clip(q, 0, [width - 1, height - 1]).astype(np.float32))
-        texts.append([b[0] for b in boxes])
-    if not images:
-        raise DataError(f"detection label file {p} has no usable pages"
-                        + (f" ({skipped} bad lines skipped)" if skipped else ""),
-                        hint="each line is 'image_path<TAB>[{\"transcription\": ..., \"points\": [[x, y] x 4]}]'")
-    return np.stack(images), pack_quads(quads, max_boxes), texts, skipped
+            image = read_image(img_path, spec)
+            w0, h0 = _page_size(img_path)
+        except (DataError, OSError) as exc:
+            raise ValueError(getattr(exc, "message", str(exc))) from None
+        scale = np.array([width / w0, height / h0], np.float32)
+        q = np.stack([b[1] for b in boxes]) * scale if boxes else np.zeros((0, 4, 2), np.float32)
+        if (q.reshape(-1, 2) > [width * 1.001 + 1, height * 1.001 + 1]).any():
+            raise ValueError(f"a box lies outside the {w0}x{h0} image")
+        return image, np.clip(q, 0, [width - 1, height - 1]).astype(np.float32), [b[0] for b in boxes]
+
+    records, skipped = read_label_lines(
+        p, "detection label file", on_bad, parse, unit="pages",
+        line_format="'image_path<TAB>[{\"transcription\": ..., \"points\": [[x, y] x 4]}]'")
+    images, quads, texts = zip(*records)
+    return np.stack(images), pack_quads(list(quads), max_boxes), list(texts), skipped

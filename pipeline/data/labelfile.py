@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from ..errors import DataError
 from .imagefolder import check_on_bad, read_image
+
+T = TypeVar("T")
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -93,6 +96,32 @@ def _check_line(line: str, charset: str, max_len: int | None) -> tuple[str, str]
     return rel, label
 
 
+def read_label_lines(path: Path, what: str, on_bad: str, parse: Callable[[str], T], *, unit: str,
+                     line_format: str) -> tuple[list[T], int]:
+    """Every non-blank line of a label file through parse(line) → (records, skipped).
+
+    parse raises ValueError for a bad line: DataError naming `file:line`, or with on_bad="skip" the line
+    is dropped and counted. Blank lines are ignored and not counted. No usable line is an error."""
+    check_on_bad(on_bad)
+    records: list[T] = []
+    skipped = 0
+    for lineno, raw in enumerate(_read_text(path, what).split("\n"), 1):
+        line = raw.rstrip("\r")
+        if not line.strip():
+            continue
+        try:
+            records.append(parse(line))
+        except ValueError as exc:
+            if on_bad == "error":
+                raise DataError(f"{path}:{lineno}: {exc}",
+                                hint="fix the line, or set data.on_bad_sample: skip to drop bad lines") from None
+            skipped += 1
+    if not records:
+        raise DataError(f"{what} {path} has no usable {unit}" + (f" ({skipped} bad lines skipped)" if skipped else ""),
+                        hint=f"each line is {line_format}")
+    return records, skipped
+
+
 def load_label_file(path: str | os.PathLike, charset: str, height: int, width: int,
                     on_bad: str = "error",
                     max_len: int | None = None) -> tuple[np.ndarray, list[str], int]:
@@ -100,36 +129,18 @@ def load_label_file(path: str | os.PathLike, charset: str, height: int, width: i
 
     Each bad line (missing TAB, empty label, unknown characters, too long, missing or
     unreadable image) raises DataError naming `file:line`, or with on_bad="skip" is
-    dropped and counted. Blank lines are ignored and not counted.
+    dropped and counted (see read_label_lines).
     """
-    check_on_bad(on_bad)
     p = Path(path)
-    base = p.parent
     spec = {"height": height, "width": width, "resize": "pad_right"}
-    images: list[np.ndarray] = []
-    labels: list[str] = []
-    skipped = 0
-    for lineno, raw in enumerate(_read_text(p, "label file").split("\n"), 1):
-        line = raw.rstrip("\r")
-        if not line.strip():
-            continue
+
+    def parse(line: str) -> tuple[np.ndarray, str]:
+        rel, label = _check_line(line, charset, max_len)
         try:
-            rel, label = _check_line(line, charset, max_len)
-            img_path = resolve_image(rel, base)
-            try:
-                image = read_image(img_path, spec)
-            except DataError as exc:
-                raise ValueError(exc.message) from None
-        except ValueError as exc:
-            if on_bad == "error":
-                raise DataError(f"{p}:{lineno}: {exc}",
-                                hint="fix the line, or set data.on_bad_sample: skip to drop bad lines") from None
-            skipped += 1
-            continue
-        images.append(image)
-        labels.append(label)
-    if not images:
-        raise DataError(f"label file {p} has no usable samples"
-                        + (f" ({skipped} bad lines skipped)" if skipped else ""),
-                        hint="each line is 'image_path<TAB>label'")
-    return np.stack(images).astype(np.uint8), labels, skipped
+            return read_image(resolve_image(rel, p.parent), spec), label
+        except DataError as exc:
+            raise ValueError(exc.message) from None
+
+    records, skipped = read_label_lines(p, "label file", on_bad, parse, unit="samples",
+                                        line_format="'image_path<TAB>label'")
+    return np.stack([r[0] for r in records]).astype(np.uint8), [r[1] for r in records], skipped
