@@ -27,6 +27,17 @@ from .errors import IntegrityError, MissingArtifact
 FORMAT_VERSION = 1
 
 
+
+def write_sample_pngs(folder: Path, images, name_format: str) -> list[str]:
+    """Each uint8 image as <folder>/<name_format.format(i)> (PNG, atomic) → the names written."""
+    from .artifacts import atomic_write_bytes
+    from .preprocess import png_bytes
+
+    names = [name_format.format(i) for i in range(len(images))]
+    for name, img in zip(names, images):
+        atomic_write_bytes(folder / name, png_bytes(img))
+    return names
+
 def inside_bundle(folder: Path, rel, where: str) -> Path:
     """folder/rel, refusing any path a manifest could use to reach outside the bundle (absolute, '..',
     a symlink anywhere on the way): verify must never read, hash or load a file it does not ship."""

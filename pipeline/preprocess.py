@@ -14,6 +14,13 @@ from PIL import Image
 from .errors import DataError
 
 
+def png_bytes(img: np.ndarray) -> bytes:
+    """A uint8 image as PNG (bundle samples, HTTP gate bodies): lossless, so served inputs equal gated ones."""
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def to_tensor(images: np.ndarray, spec: dict) -> np.ndarray:
     """uint8 [N, H, W] → float32 [N, 1, H, W], normalised as (x/255 - mean) / std."""
     if images.dtype != np.uint8 or images.ndim != 3:

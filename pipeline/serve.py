@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import io
 import json
 import logging
 import socket
@@ -468,14 +467,6 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         sock.close()
 
 
-def _png(img: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labels: np.ndarray, task_name: str,
               *, max_requests: int, threads: int = 0, timeout: float = 30.0, engine=None) -> dict:
     """Serve the model on a free 127.0.0.1 port, POST up to max_requests images as PNG (one per request),
@@ -489,7 +480,9 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
         raise DataError(f"http_gate needs uint8 images [N, H, W], got {images_uint8.dtype} {list(images_uint8.shape)}")
     n = min(int(max_requests), len(images_uint8))
     task = get_task(task_name, infer_cfg.get("postprocess"))
-    bodies = [_png(img) for img in images_uint8[:n]]
+    from .preprocess import png_bytes
+
+    bodies = [png_bytes(img) for img in images_uint8[:n]]
     app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False,  # percentiles instead
                                 engine=engine)
     outputs, times = [], []

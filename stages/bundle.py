@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from PIL import Image
 
 from pipeline import env, signing
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
-from pipeline.bundle import FORMAT_VERSION, publish, write_archive
+from pipeline.bundle import FORMAT_VERSION, publish, write_archive, write_sample_pngs
 from pipeline.config import ROOT
 from pipeline.errors import ConfigError
 from pipeline.gates import OK, Check, Gate
@@ -46,13 +45,7 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None) -> 
 
 
 def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels: np.ndarray) -> list[str]:
-    names = []
-    for i, img in enumerate(images):
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format="PNG")
-        name = f"samples/{i:03d}.png"
-        atomic_write_bytes(folder / name, buf.getvalue())
-        names.append(name)
+    names = write_sample_pngs(folder, images, "samples/{:03d}.png")
     buf = io.BytesIO()
     np.savez(buf, outputs=outputs, labels=labels, files=np.array(names))
     atomic_write_bytes(folder / "samples" / "expected.npz", buf.getvalue())

@@ -104,19 +104,17 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
 def http_ocr_gate(folder: Path, pages: list[np.ndarray], *, threads: int = 0, timeout: float = 60.0) -> dict:
     """Serve the system bundle on a free 127.0.0.1 port, POST each page as PNG to /ocr, time it."""
     import httpx
-    from PIL import Image
-
     from ..engines.perf import summarize_ms
+    from ..preprocess import png_bytes
 
     app = create_ocr_app(folder, threads=threads, log_requests=False)
     lines, times = [], []
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:
         try:
             for page in pages:
-                buf = io.BytesIO()
-                Image.fromarray(page).save(buf, format="PNG")
+                body = png_bytes(page)
                 t0 = time.perf_counter()
-                r = client.post("/ocr", content=buf.getvalue(), headers={"content-type": "image/png"})
+                r = client.post("/ocr", content=body, headers={"content-type": "image/png"})
                 times.append((time.perf_counter() - t0) * 1e3)
                 if r.status_code != 200:
                     raise PipelineError(f"HTTP /ocr answered {r.status_code}: {r.text[:200]}")

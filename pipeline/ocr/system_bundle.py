@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -67,15 +66,10 @@ def model_prefix(sub: Path, precision: str) -> Path | None:
 
 
 def write_samples(folder: Path, pages: list[np.ndarray], lines: list[list[dict]]) -> list[str]:
-    from ..artifacts import atomic_write_bytes, atomic_write_text
+    from ..artifacts import atomic_write_text
+    from ..bundle import write_sample_pngs
 
-    names = []
-    for i, page in enumerate(pages):
-        buf = io.BytesIO()
-        Image.fromarray(page).save(buf, format="PNG")
-        name = f"samples/page_{i:03d}.png"
-        atomic_write_bytes(folder / name, buf.getvalue())
-        names.append(name)
+    names = write_sample_pngs(folder, pages, "samples/page_{:03d}.png")
     atomic_write_text(folder / "samples" / "expected.json",
                       json.dumps({"pages": [{"file": n, "lines": ln} for n, ln in zip(names, lines)]}, indent=1))
     return names
