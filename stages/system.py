@@ -11,10 +11,10 @@ sample pages) and is published next to the parts' bundles.
 """
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -78,6 +78,32 @@ def _row(subject, precision, effective, lines, pages, keys, ref=None, ref_lines=
     return g
 
 
+@dataclass
+class _Chain:
+    """The Paddle Inference fp32 chain every other row is gated against, and what it read."""
+    pages: dict
+    keys: dict
+    spec: object
+    ref: dict
+    lines: list
+
+
+def _pair_row(chain: _Chain, subject: str, prec: str, make_pair, drop: float, batch: int = 16) -> Gate:
+    """One (detection, recognition) engine pair through the flow, gated on its drop vs the fp32 chain;
+    an engine that fails to load or run is that row's FAIL, and the other rows still run."""
+    from pipeline.ocr.system import read_pages
+
+    t0 = time.perf_counter()
+    try:
+        det, rec = make_pair()
+        lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch)
+        g = _row(subject, prec, _effective(det, rec), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
+    except PipelineError as exc:
+        g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
+    g.seconds = round(time.perf_counter() - t0, 2)
+    return g
+
+
 def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> tuple[list[Gate], list]:
     from pipeline.engines import paddle_infer as pi
     from pipeline.ocr.system import read_pages
@@ -92,7 +118,8 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
                 floors=(sc.min_line_accuracy, sc.min_field_accuracy))
     fp32.seconds = round(time.perf_counter() - t0, 2)
     fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
-    gates, ref = [fp32], fp32.extra
+    gates = [fp32]
+    chain = _Chain(pages, keys, spec, fp32.extra, ref_lines)
     for prec in ("fp16", "bf16", "int8"):
         subject = f"paddle-inference {prec}"
         if prec == "bf16":
@@ -106,39 +133,25 @@ def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> t
         if pair is None or None in pair:
             gates.append(skipped("system", subject, prec, METRIC, why))
             continue
-        t0 = time.perf_counter()
-        try:
-            det, rec = (paddle_engine(p, prec, threads) for p in pair)
-            lines = read_pages(images, det, rec, spec)
-            g = _row(subject, prec, _effective(det, rec), lines, pages, keys, ref, ref_lines, sc.gates[prec])
-        except PipelineError as exc:
-            g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
-        g.seconds = round(time.perf_counter() - t0, 2)
-        gates.append(g)
-    gates += _other_engine_rows(ctx, det_b, rec_b, spec, pages, keys, threads, ref, ref_lines)
+        gates.append(_pair_row(chain, subject, prec, lambda: tuple(paddle_engine(p, prec, threads) for p in pair),
+                               sc.gates[prec]))
+    gates += _other_engine_rows(ctx, det_b, rec_b, chain, threads)
     det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
     subject = "lite x86 fp32"
     if det_nb.is_file() and rec_nb.is_file():
-        t0 = time.perf_counter()
-        try:
-            det = lite_engine(det_nb, spec_shape(det_b), ctx.cfg.lite.timeout)
-            rec = lite_engine(rec_nb, spec_shape(rec_b), ctx.cfg.lite.timeout)
-            lines = read_pages(images, det, rec, spec, batch=LITE_BATCH)
-            g = _row(subject, "fp32", _effective(det, rec), lines, pages, keys, ref, ref_lines, sc.gates["lite"])
-        except PipelineError as exc:
-            g = Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
-        g.seconds = round(time.perf_counter() - t0, 2)
-        gates.append(g)
+        timeout = ctx.cfg.lite.timeout
+        gates.append(_pair_row(chain, subject, "fp32", lambda: (lite_engine(det_nb, spec_shape(det_b), timeout),
+                                                                 lite_engine(rec_nb, spec_shape(rec_b), timeout)),
+                               sc.gates["lite"], batch=LITE_BATCH))
     else:
         gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb pair"))
     return gates, ref_lines
 
 
-def _other_engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads, ref, ref_lines) -> list[Gate]:
+def _other_engine_rows(ctx, det_b: Path, rec_b: Path, chain: _Chain, threads: int) -> list[Gate]:
     """The fp32 chain on every other configured runtime (server.engines: ONNX Runtime, OpenVINO) from the
     bundles' server/onnx/model.onnx pair, gated on its drop vs the Paddle Inference fp32 chain."""
     from pipeline.engines import registry
-    from pipeline.ocr.system import read_pages
     from pipeline.serving import MODEL_PATHS
 
     gates = []
@@ -150,16 +163,9 @@ def _other_engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads
             gates.append(skipped("system", subject, "fp32", METRIC,
                                  why if not ok else f"the bundles hold no {MODEL_PATHS[kind]} pair"))
             continue
-        t0 = time.perf_counter()
-        try:
-            det, rec = (registry.make(kind, p, "fp32", threads=threads) for p in pair)
-            lines = read_pages(list(pages["images"]), det, rec, spec)
-            g = _row(subject, "fp32", _effective(det, rec), lines, pages, keys, ref, ref_lines,
-                     ctx.cfg.system.gates["engines"])
-        except PipelineError as exc:
-            g = Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
-        g.seconds = round(time.perf_counter() - t0, 2)
-        gates.append(g)
+        gates.append(_pair_row(chain, subject, "fp32",
+                               lambda: tuple(registry.make(kind, p, "fp32", threads=threads) for p in pair),
+                               ctx.cfg.system.gates["engines"]))
     return gates
 
 
