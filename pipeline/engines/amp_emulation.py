@@ -85,7 +85,7 @@ class _Emulator:
         self.n_casts = 0
         self.low_ops: dict[str, int] = {}
         self.folded: set[str] = set()        # conv outputs only a folded batch_norm reads (never rounded)
-        self.consumers: dict[str, list] = {}
+        self.consumers: dict[str, list] = {}   # var → ops reading it (only outputs something reads are rounded)
         self.producers: dict[str, object] = {}
 
     def _float(self, name: str) -> bool:
@@ -132,11 +132,11 @@ class _Emulator:
                 op._rename_input(name, self.rounded[name])
         return inserted
 
-    def _round_outputs(self, i: int, op, consumed: set[str]) -> int:
+    def _round_outputs(self, i: int, op) -> int:
         inserted = 0
         outs = [n for slot in op.output_names if slot not in _SKIP_OUT_SLOTS for n in op.output(slot)]
         for name in dict.fromkeys(outs):
-            if not self._float(name) or self._persistable(name) or name not in consumed or name in self.folded:
+            if not self._float(name) or self._persistable(name) or name not in self.consumers or name in self.folded:
                 continue
             chain = self._bn_fold_chain(name) if op.type in _FOLDS_BN else []
             if chain:
@@ -180,7 +180,6 @@ class _Emulator:
 
     def run(self) -> None:
         ops = list(self.block.ops)
-        consumed = {n for op in ops for slot in op.input_names for n in op.input(slot)}
         for op in ops:
             for slot in op.input_names:
                 for n in op.input(slot):
@@ -197,7 +196,7 @@ class _Emulator:
             self.low_ops[op.type] = self.low_ops.get(op.type, 0) + 1
             ins = self._round_inputs(i, op)
             i += ins
-            outs = self._round_outputs(i, op, consumed)
+            outs = self._round_outputs(i, op)
             i += 1 + outs
 
 
