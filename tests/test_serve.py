@@ -114,6 +114,22 @@ def test_bad_requests_get_4xx_with_a_message(client, kwargs, status, words):
     assert words.lower() in r.json()["error"].lower()
 
 
+def test_hot_route_keeps_the_app_contract(client):
+    """POST /predict is answered ahead of FastAPI's router (serve._HotRoutes): other methods still get the
+    router's 405, responses still carry the request timing, and an engine crash is still answered 500."""
+    assert client.get("/predict").status_code == 405
+    r = client.post("/predict", content=_png(_images(1)[0]), headers={"content-type": "image/png"})
+    assert r.status_code == 200 and float(r.headers["x-latency-ms"]) > 0
+    runner = client.app.state.runner
+    engine_run = runner.engine.run
+    runner.engine.run = lambda x: (_ for _ in ()).throw(RuntimeError("engine exploded"))
+    try:
+        r = client.post("/predict", content=_png(_images(1)[0]), headers={"content-type": "image/png"})
+    finally:
+        runner.engine.run = engine_run
+    assert r.status_code == 500
+
+
 def test_chunked_oversized_body_is_413(client):
     def gen():                                           # no content-length: the stream itself is capped
         for _ in range(20):
