@@ -5,7 +5,7 @@ infer_config.yaml's `serving` section (written by the bundle stage from server/s
     precision: fp32
     model: server/onnx/model.onnx  # relative to the bundle folder
     by: latency
-    settings: {batch1: {threads: 1}, batchN: {threads: 2}}   # measured per batch profile
+    settings: {batch1: {threads: 1}, batchN: {threads: 2}}   # measured per batch profile (+ ir_optim for Paddle)
     ranking: [...]                 # every candidate, interleaved measurement, ratios to the fastest
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ def serving_choice(infer_cfg: dict, override: str | None = None) -> tuple[str, d
 
 
 def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, threads: int = 0) -> Engine:
-    """The served engine, one instance per batch profile with its measured thread count.
-    threads > 0 forces that count for both profiles."""
+    """The served engine, one instance per batch profile with its measured thread count (and engine options,
+    e.g. Paddle Inference's ir_optim). threads > 0 forces that count for both profiles."""
     from .engines import registry
     from .env import cpu_count
 
@@ -46,5 +46,5 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
     pick = {p: (threads or settings[p]["threads"] or cores) for p in ("batch1", "batchN")}
     # no spinning pool threads: they busy-wait after every call on cores the event loop, the HTTP stack
     # and the clients need (measured: ORT with 2 threads burnt ~1.2 ms of CPU per OCR /predict, 2.6 vs 1.4 ms)
-    return registry.make_routed(kind, model, "fp32", {p: {"threads": min(t, cores)} for p, t in pick.items()},
-                                spin=False)
+    return registry.make_routed(kind, model, "fp32", {p: {**settings[p], "threads": min(t, cores)}
+                                                     for p, t in pick.items()}, spin=False)

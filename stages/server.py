@@ -31,14 +31,23 @@ def _threads(cfg) -> int:
 
 
 def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
+    from pipeline.engines.base import ShapeRouted
+
     t0 = time.perf_counter()
     out = engine.run_batched(x, 64)
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
+    checked, ref_checked = out, ref_out
+    if isinstance(engine, ShapeRouted):   # the batch-1 instance has its own settings and answers single requests
+        k = min(len(x), 64)
+        checked = np.concatenate([out, *(engine.run(x[i:i + 1]) for i in range(k))])
+        ref_checked = np.concatenate([ref_out, ref_out[:k]])
     label, proof = engine.effective_precision, dict(engine.evidence)
     if requested != "fp32" and np.isfinite(out).all():     # a low-precision label must show in the numbers
         label, proof["outputs_vs_fp32"] = evidence.check_outputs(label, requested, out, ref_out)
     gate = Gate("server", f"{engine.kind} {name}", requested, label, task.primary_metric, reference=ref_metric)
-    evaluate_tol(gate, out, ref_out, tol, value, task, key=f"server.gates.{requested}")
+    evaluate_tol(gate, checked, ref_checked, tol, value, task, key=f"server.gates.{requested}")
+    if checked is not out:
+        gate.extra["batch1_instance_samples"] = len(checked) - len(out)     # also inside the elementwise check
     pc = ctx.cfg.server.perf
     gate.extra.update(engine.perf(x, pc.batch_size, warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
@@ -80,8 +89,9 @@ def run(ctx: StageContext) -> StageResult:
         try:
             if prec == "fp32":
                 if device == "cpu":   # threads and instances per batch profile, chosen by measurement
-                    eng, tuning["paddle-inference"] = _tune(ctx, "paddle-inference", prefix, x,
-                                                            mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
+                    eng, tuning["paddle-inference"] = _tune(
+                        ctx, "paddle-inference", prefix, x, mkldnn=sc.mkldnn,
+                        variants=[{"ir_optim": v} for v in dict.fromkeys(sc.tuning.paddle_ir_optim)])
                 else:
                     eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
                 gates.append(_row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, tol, "fp32"))
@@ -143,9 +153,13 @@ def _tune(ctx, kind: str, model, x, **paddle_opts):
     eng, record = registry.tune(kind, model, "fp32", x, batch_size=sc.perf.batch_size, threads=choices,
                                 warmup=sc.perf.warmup, repeats=sc.perf.repeats, rounds=sc.tuning.rounds,
                                 **paddle_opts)
-    log.info("[server] %s tuned: batch-1 %s thread(s), batch-%d %s thread(s)", kind, record["batch1"]["threads"],
-             sc.perf.batch_size, record["batchN"]["threads"])
+    log.info("[server] %s tuned: batch-1 %s, batch-%d %s", kind, _chosen(record["batch1"]), sc.perf.batch_size,
+             _chosen(record["batchN"]))
     return eng, record
+
+
+def _chosen(profile: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in profile.items() if not isinstance(v, dict) and k != "batch")
 
 
 def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:

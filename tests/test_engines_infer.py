@@ -187,3 +187,23 @@ def test_matmul_probe_runs_both_backends():
     assert paddle.in_dynamic_mode()
     with pytest.raises(ConfigError):
         matmul_peak_gflops(backend="cublas")
+
+
+def test_tuning_chooses_ir_optim_per_batch_profile_and_rebuilds_it(tiny):
+    """Paddle Inference's IR passes are a tuning choice per batch profile (measured, recorded), and the
+    recorded profile rebuilds the same instances for `serve`; both settings give the export's outputs."""
+    from pipeline.engines import registry
+
+    variants = [{"ir_optim": True}, {"ir_optim": False}]
+    eng, record = registry.tune("paddle-inference", tiny["prefix"], "fp32", tiny["val"][:16], batch_size=16,
+                                threads=[1], warmup=1, repeats=10, rounds=2, variants=variants)
+    assert set(record["batch1"]["p50_ms_by_candidate"]) == {"threads=1 ir_optim=True", "threads=1 ir_optim=False"}
+    for profile, inst in (("batch1", eng.single), ("batchN", eng.batched)):
+        assert record[profile]["ir_optim"] in (True, False)
+        assert inst.settings["ir_optim"] == record[profile]["ir_optim"]
+    rebuilt = registry.make_routed("paddle-inference", tiny["prefix"], "fp32", record)
+    assert rebuilt.settings["batch1"]["ir_optim"] == record["batch1"]["ir_optim"]
+    off = InferenceEngine(tiny["prefix"], ir_optim=False).run(tiny["val"][:8])
+    on = InferenceEngine(tiny["prefix"], ir_optim=True).run(tiny["val"][:8])
+    assert np.abs(off - on).max() < 1e-4
+    assert np.abs(rebuilt.run(tiny["val"][:1]) - on[:1]).max() < 1e-4

@@ -91,7 +91,7 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
                                 warmup=1, repeats=10, rounds=2)
     assert isinstance(eng, ShapeRouted)
     assert record["batch1"]["threads"] in (1, 2) and record["batchN"]["threads"] in (1, 2)
-    assert set(record["batch1"]["p50_ms_by_threads"]) == {"1", "2"}
+    assert set(record["batch1"]["p50_ms_by_candidate"]) == {"threads=1", "threads=2"}
     seen = []
     for inst, tag in ((eng.single, "single"), (eng.batched, "batched")):
         run = inst._run

@@ -49,12 +49,22 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
 
 
+# engine options the tuner may choose per batch profile besides threads (recorded next to threads)
+TUNABLE = {"paddle-inference": ("ir_optim",)}
+
+
+def profile_options(kind: str, profile: dict) -> dict:
+    """The engine options a recorded batch profile carries ({"threads": 1, "ir_optim": False, ...})."""
+    return {k: profile[k] for k in TUNABLE.get(kind, ()) if k in profile}
+
+
 def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, *, spin: bool = True,
                 **paddle_opts) -> ShapeRouted:
-    """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads"}, "batchN": {"threads"}})."""
-    one = make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, spin=spin, **paddle_opts)
-    many = make(kind, model, precision, threads=int(settings["batchN"]["threads"]), spin=spin, **paddle_opts)
-    return ShapeRouted(one, many)
+    """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads", ...}, "batchN": {...}})."""
+    one, many = ({**paddle_opts, **profile_options(kind, settings[p])} for p in ("batch1", "batchN"))
+    return ShapeRouted(make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, spin=spin,
+                            **one),
+                       make(kind, model, precision, threads=int(settings["batchN"]["threads"]), spin=spin, **many))
 
 
 def batch_of(x: np.ndarray, n: int) -> np.ndarray:
@@ -101,28 +111,37 @@ def thread_choices(choices: list[int], cores: int) -> list[int]:
 
 
 def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, batch_size: int,
-         threads: list[int], warmup: int, repeats: int, rounds: int = 5, **paddle_opts) -> tuple[ShapeRouted, dict]:
-    """Pick threads per batch profile by measurement: the lowest batch-1 p50 and the highest batch-N
-    samples/s. One instance per profile (and per candidate), so no instance alternates shapes."""
+         threads: list[int], warmup: int, repeats: int, rounds: int = 5, variants: list[dict] | None = None,
+         **paddle_opts) -> tuple[ShapeRouted, dict]:
+    """Pick threads (and engine options: variants, e.g. [{"ir_optim": True}, {"ir_optim": False}]) per batch
+    profile by measurement: the lowest batch-1 p50 and the highest batch-N samples/s. One instance per
+    profile and candidate, so no instance alternates shapes. Within 5 % counts as a tie, won by fewer
+    threads (less contention with the server's other work), then by the earlier variant."""
     x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
-    ones = {t: make(kind, model, precision, threads=t, batch=1, **paddle_opts) for t in threads}
-    manys = {t: make(kind, model, precision, threads=t, **paddle_opts) for t in threads}
-    lat = interleaved_latency({str(t): e for t, e in ones.items()}, x1, warmup=warmup, repeats=repeats, rounds=rounds)
-    sps = interleaved_throughput({str(t): e for t, e in manys.items()}, xb, warmup=max(1, warmup // 2),
-                                 repeats=max(rounds, repeats // 5), rounds=rounds)
-    # within 5 % counts as a tie, won by fewer threads: less contention with the server's other work
-    t1 = min(threads, key=lambda t: (lat[str(t)]["p50"] > 1.05 * min(v["p50"] for v in lat.values()), t))
-    tn = min(threads, key=lambda t: (sps[str(t)] < max(sps.values()) / 1.05, t))
-    for t in threads:
-        if t != t1:
-            ones[t].close()
-        if t != tn:
-            manys[t].close()
-    record = {"batch1": {"threads": t1, "p50_ms_by_threads": {str(t): round(lat[str(t)]["p50"], 4) for t in threads}},
-              "batchN": {"threads": tn, "batch": batch_size,
-                         "samples_per_s_by_threads": {str(t): round(sps[str(t)], 1) for t in threads}},
+    cands = [{"threads": t, **v} for t in threads for v in (variants or [{}])]
+    names = [" ".join(f"{k}={v}" for k, v in c.items()) for c in cands]
+
+    def build(c: dict, batch: int | None) -> Engine:
+        return make(kind, model, precision, batch=batch, **{**paddle_opts, **c})
+
+    ones = {n: build(c, 1) for n, c in zip(names, cands)}
+    manys = {n: build(c, None) for n, c in zip(names, cands)}
+    lat = interleaved_latency(ones, x1, warmup=warmup, repeats=repeats, rounds=rounds)
+    sps = interleaved_throughput(manys, xb, warmup=max(1, warmup // 2), repeats=max(rounds, repeats // 5),
+                                 rounds=rounds)
+    best_lat, best_sps = min(v["p50"] for v in lat.values()), max(sps.values())
+    i1 = min(range(len(cands)), key=lambda i: (lat[names[i]]["p50"] > 1.05 * best_lat, cands[i]["threads"], i))
+    iN = min(range(len(cands)), key=lambda i: (sps[names[i]] < best_sps / 1.05, cands[i]["threads"], i))
+    for i, n in enumerate(names):
+        if i != i1:
+            ones[n].close()
+        if i != iN:
+            manys[n].close()
+    record = {"batch1": {**cands[i1], "p50_ms_by_candidate": {n: round(lat[n]["p50"], 4) for n in names}},
+              "batchN": {**cands[iN], "batch": batch_size,
+                         "samples_per_s_by_candidate": {n: round(sps[n], 1) for n in names}},
               "instances": "one per batch profile"}
-    return ShapeRouted(ones[t1], manys[tn]), record
+    return ShapeRouted(ones[names[i1]], manys[names[iN]]), record
 
 
 def rank(engines: dict[str, Engine], x: np.ndarray, *, batch_size: int, warmup: int, repeats: int,
