@@ -92,6 +92,7 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
     assert isinstance(eng, ShapeRouted)
     assert record["batch1"]["threads"] in (1, 2) and record["batchN"]["threads"] in (1, 2)
     assert set(record["batch1"]["p50_ms_by_candidate"]) == {"threads=1", "threads=2"}
+    assert not any(eng.settings[p]["spinning"] for p in ("batch1", "batchN"))    # measured as `serve` runs them
     seen = []
     for inst, tag in ((eng.single, "single"), (eng.batched, "batched")):
         run = inst._run

@@ -112,17 +112,20 @@ def thread_choices(choices: list[int], cores: int) -> list[int]:
 
 def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, batch_size: int,
          threads: list[int], warmup: int, repeats: int, rounds: int = 5, variants: list[dict] | None = None,
-         **paddle_opts) -> tuple[ShapeRouted, dict]:
+         spin: bool = False, **paddle_opts) -> tuple[ShapeRouted, dict]:
     """Pick threads (and engine options: variants, e.g. [{"ir_optim": True}, {"ir_optim": False}]) per batch
     profile by measurement: the lowest batch-1 p50 and the highest batch-N samples/s. One instance per
     profile and candidate, so no instance alternates shapes. Within 5 % counts as a tie, won by fewer
-    threads (less contention with the server's other work), then by the earlier variant."""
+    threads (less contention with the server's other work), then by the earlier variant.
+    spin=False: candidates are built as `serve` runs them (ONNX Runtime's pool threads sleep between calls;
+    with spinning threads 2 threads won the OCR model's batch-1 in a tight loop but took 0.77 instead of
+    0.38 ms inside serve's requests, measured 2026-11-30), so the choice holds where it is used."""
     x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
     cands = [{"threads": t, **v} for t in threads for v in (variants or [{}])]
     names = [" ".join(f"{k}={v}" for k, v in c.items()) for c in cands]
 
     def build(c: dict, batch: int | None) -> Engine:
-        return make(kind, model, precision, batch=batch, **{**paddle_opts, **c})
+        return make(kind, model, precision, batch=batch, spin=spin, **{**paddle_opts, **c})
 
     ones = {n: build(c, 1) for n, c in zip(names, cands)}
     manys = {n: build(c, None) for n, c in zip(names, cands)}
