@@ -69,7 +69,7 @@ def _engines(run: Path, info: dict, threads: int) -> tuple[dict[str, Engine], di
             print(f"  {kind}: no {onnx} (re-run `make deploy`), left out")
             continue
         settings = tuning.get(kind) or {"batch1": {"threads": 1}, "batchN": {"threads": threads}}
-        engines[f"{kind} fp32 tuned"] = registry.make_routed(kind, model, "fp32", settings, spin=False)  # as served
+        engines[f"{kind} fp32 tuned"] = registry.make_routed(kind, model, "fp32", settings)  # as tuned and served
     int8 = {"paddle-inference": srv / "models" / "int8" / "model", "onnxruntime": srv / "onnx" / "model_int8.onnx",
             "openvino": srv / "openvino" / "model_int8.xml"}
     for kind, path in int8.items():

@@ -58,9 +58,10 @@ def profile_options(kind: str, profile: dict) -> dict:
     return {k: profile[k] for k in TUNABLE.get(kind, ()) if k in profile}
 
 
-def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, *, spin: bool = True,
+def make_routed(kind: str, model: str | os.PathLike, precision: str, settings: dict, *, spin: bool = False,
                 **paddle_opts) -> ShapeRouted:
-    """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads", ...}, "batchN": {...}})."""
+    """Rebuild a tuned engine from its recorded settings ({"batch1": {"threads", ...}, "batchN": {...}}),
+    as tune() measured it (spin=False: ONNX Runtime's pool threads sleep between calls, as in `serve`)."""
     one, many = ({**paddle_opts, **profile_options(kind, settings[p])} for p in ("batch1", "batchN"))
     return ShapeRouted(make(kind, model, precision, threads=int(settings["batch1"]["threads"]), batch=1, spin=spin,
                             **one),
