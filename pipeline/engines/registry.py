@@ -32,8 +32,8 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
          batch: int | None = None, spin: bool = True, **paddle_opts) -> Engine:
     """model: a Paddle prefix for paddle-inference; an .onnx (or OpenVINO .xml) file otherwise.
     batch: a batch size the instance will always see (OpenVINO compiles it statically).
-    spin=False: ONNX Runtime's pool threads sleep between calls (for servers; Paddle's OpenMP threads
-    already wait passively, see pipeline/env.py)."""
+    spin=False: ONNX Runtime's pool threads sleep between calls (for servers). Paddle's OpenMP threads are
+    not switched here: they follow OMP_WAIT_POLICY, chosen per process by pipeline/env.py."""
     if kind == "paddle-inference":
         from pipeline.engines.paddle_infer import InferenceEngine
 
