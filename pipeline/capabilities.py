@@ -14,6 +14,7 @@ from functools import lru_cache
 from .errors import ConfigError
 
 PROFILE_ENV = "PIPELINE_TEST_CPU_PROFILE"
+CPUINFO = "/proc/cpuinfo"          # tests point this at synthetic cpuinfo files (tests/cpuinfo/)
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 _AVX512_BASE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})
@@ -29,11 +30,15 @@ PROFILES: dict[str, tuple[frozenset, frozenset, bool]] = {
 }
 
 
-@lru_cache(maxsize=1)
 def real_cpu_flags() -> frozenset[str]:
-    """The flags line of /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    """The flags line of the host's cpuinfo (empty where there is none, e.g. macOS)."""
+    return _flags_of(CPUINFO)
+
+
+@lru_cache(maxsize=8)
+def _flags_of(path: str) -> frozenset[str]:
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(("flags", "Features")):       # x86 / arm spelling
                     return frozenset(line.split(":", 1)[1].split())

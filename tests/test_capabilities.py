@@ -21,18 +21,52 @@ def test_real_host_is_reported_without_a_profile(monkeypatch):
     assert caps.describe()["profile"] is None
 
 
-@pytest.mark.parametrize("name, bf16, vnni", [
-    ("bf16", True, None), ("no-bf16", False, None), ("vnni", None, True), ("no-vnni", None, False),
-    ("avx2", False, False), ("bf16,vnni", True, True), ("avx2,bf16", True, False),
-])
-def test_profiles_change_only_what_they_name(monkeypatch, name, bf16, vnni):
+# Machines seen so far (and an arm board): the capability logic is tested against each of them, never
+# against whatever CPU the test happens to run on (the AMX machine turned CI red when it was).
+CPUINFO = Path(__file__).resolve().parent / "cpuinfo"
+MACHINES = {  # file -> (bf16, vnni) as the real CPU reports them
+    "amd_avx2": (False, False),
+    "amd_avx512_bf16_vnni": (True, True),
+    "intel_amx": (True, True),
+    "arm_neoverse_n1": (False, False),
+}
+# what each profile does to (bf16, vnni), written independently of capabilities.PROFILES
+EFFECT = {"avx2": lambda b, v: (False, False), "no-bf16": lambda b, v: (False, v), "bf16": lambda b, v: (True, v),
+          "vnni": lambda b, v: (b, True), "no-vnni": lambda b, v: (b, False), "no-gpu": lambda b, v: (b, v)}
+COMBOS = [(a,) for a in EFFECT] + [(a, b) for a in EFFECT for b in EFFECT if a != b]
+
+
+@pytest.fixture(params=sorted(MACHINES))
+def machine(request, monkeypatch):
+    """Make capabilities read a synthetic /proc/cpuinfo of one of the machines seen so far."""
     monkeypatch.delenv(caps.PROFILE_ENV, raising=False)
-    real_bf16, real_vnni = caps.has_bf16(), caps.has_vnni()
-    monkeypatch.setenv(caps.PROFILE_ENV, name)
-    assert caps.has_bf16() == (real_bf16 if bf16 is None else bf16)
-    assert caps.has_vnni() == (real_vnni if vnni is None else vnni)
-    assert caps.simulated(caps.BF16_FLAGS) == (caps.has_bf16() != real_bf16)
-    assert caps.describe()["profile"] == name.split(",")
+    monkeypatch.setattr(caps, "CPUINFO", str(CPUINFO / request.param))
+    return request.param
+
+
+def test_each_machine_is_read_as_it_is(machine):
+    bf16, vnni = MACHINES[machine]
+    assert (caps.has_bf16(), caps.has_vnni()) == (bf16, vnni)
+    assert caps.profile() == [] and not caps.simulated(caps.BF16_FLAGS | caps.VNNI_FLAGS)
+    assert caps.describe()["avx512"] == machine.startswith(("amd_avx512", "intel"))
+    assert ("amx_int8" in caps.cpu_flags()) == (machine == "intel_amx")
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=",".join)
+def test_profiles_change_only_what_they_name(machine, monkeypatch, combo):
+    bf16, vnni = MACHINES[machine]
+    for name in combo:
+        bf16, vnni = EFFECT[name](bf16, vnni)
+    real = caps.real_cpu_flags()
+    monkeypatch.setenv(caps.PROFILE_ENV, ",".join(combo))
+    flags = caps.cpu_flags()
+    assert (caps.has_bf16(), caps.has_vnni()) == (bf16, vnni), sorted(flags)
+    # "simulated" means: some of these flags are reported differently from the CPU (not: the verdict changed)
+    for group in (caps.BF16_FLAGS, caps.VNNI_FLAGS):
+        assert caps.simulated(group) == bool((flags ^ real) & group)
+    if "avx2" in combo and combo[-1] == "avx2":
+        assert not any(f.startswith(("avx512", "amx")) for f in flags)
+    assert caps.describe()["profile"] == list(combo)
 
 
 def test_no_gpu_profile_and_unknown_profile(monkeypatch):
@@ -43,11 +77,13 @@ def test_no_gpu_profile_and_unknown_profile(monkeypatch):
         caps.cpu_flags()
 
 
-def test_simulated_bf16_is_allowed_to_run_but_says_so(monkeypatch):
+def test_simulated_bf16_is_allowed_to_run_but_says_so(machine, monkeypatch):
     monkeypatch.setenv(caps.PROFILE_ENV, "bf16")
     ok, why = caps.bf16_cpu_status()
     if caps.simulated(caps.BF16_FLAGS):
         assert ok and "simulated" in why and "evidence" in why
+    else:       # the machine has bf16 itself: Paddle's own check (on the real host) decides
+        assert MACHINES[machine][0] and "bf16" in why
     monkeypatch.setenv(caps.PROFILE_ENV, "no-bf16")
     assert caps.bf16_cpu_status()[0] is False
 
