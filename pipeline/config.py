@@ -210,6 +210,12 @@ class ServeCfg(Section):
 
 
 class DetectionCfg(Section):
+    resize: Literal["stretch", "limit"]
+    limit_side_len: int = Field(ge=32, le=8192)
+    limit_type: Literal["max", "min", "resize_long"]
+    mean: list[float] = Field(min_length=3, max_length=3)
+    std: list[float] = Field(min_length=3, max_length=3)
+    use_dilation: bool
     thresh: float = Field(gt=0, lt=1)
     box_thresh: float = Field(gt=0, lt=1)
     unclip_ratio: float = Field(gt=0)
@@ -230,6 +236,10 @@ class SystemCfg(Section):
     min_line_accuracy: float = Field(ge=0, le=1)
     min_field_accuracy: float = Field(ge=0, le=1)
     gates: dict[Literal["fp16", "bf16", "int8", "lite", "engines", "http"], float]
+    rec_batch_num: int = PosInt
+    cls_batch_num: int = PosInt
+    cls_thresh: float = Field(ge=0, le=1)
+    drop_score: float = Field(ge=0, le=1)
 
 
 class RegressionCfg(Section):

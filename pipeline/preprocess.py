@@ -29,11 +29,13 @@ def to_tensor(images: np.ndarray, spec: dict) -> np.ndarray:
     if images.shape[1:] != (h, w):
         raise DataError(f"images are {images.shape[1]}x{images.shape[2]}, the model expects {h}x{w}",
                         hint="pass them through fit_image() first")
-    x = images.astype(np.float32) / 255.0
-    x = (x - float(spec["mean"])) / float(spec["std"])
-    x = x[:, None, :, :]
-    # models built for RGB (e.g. paddle.vision) get the gray image on every channel
-    return np.repeat(x, spec.get("channels", 1), axis=1) if spec.get("channels", 1) != 1 else x
+    x = images.astype(np.float32)[:, None, :, :] / 255.0
+    # models built for RGB/BGR (e.g. paddle.vision, PP-OCR) get the gray image on every channel
+    x = np.repeat(x, spec.get("channels", 1), axis=1) if spec.get("channels", 1) != 1 else x
+    # mean/std: one number, or one per channel (PaddleOCR's detection spec)
+    mean = np.asarray(spec["mean"], np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(spec["std"], np.float32).reshape(1, -1, 1, 1)
+    return (x - mean) / std
 
 
 def fit_image(img: Image.Image, spec: dict) -> np.ndarray:

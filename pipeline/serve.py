@@ -220,13 +220,14 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
                 "versions": versions or env.versions()}
 
     async def predict(request: Request):
-        x = await _read_input(request, infer_cfg, want, max_body, max_pixels)
+        x, sizes = await _read_input(request, infer_cfg, want, max_body, max_pixels)
         t0 = time.perf_counter()
         try:
             out = await runner(x)
         except DataError as exc:             # shape/dtype the engine refused
             raise _BadRequest(400, exc.one_line()) from None
-        body = {"model": name, "task": task.name, "predictions": task.decode(out, infer_cfg["postprocess"]),
+        preds = task.decode(out, infer_cfg["postprocess"], sizes) if sizes else task.decode(out, infer_cfg["postprocess"])
+        body = {"model": name, "task": task.name, "predictions": preds,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
         if request.scope["query_string"] and request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
             body["outputs"] = out.tolist()
@@ -338,7 +339,9 @@ async def read_body(request, max_body: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS
+                      ) -> tuple[np.ndarray, list | None]:
+    """→ (model input, original (h, w) per image where the task maps its output back to it, else None)."""
     from starlette.requests import Request
 
     from .preprocess import ImageTooLarge, decode_image_bytes, to_tensor
@@ -348,7 +351,7 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_p
         raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json":
-        return _json_tensor(body, want)
+        return _json_tensor(body, want), None
     if ctype == "multipart/form-data":
         async def replay():                      # the body was already read (size-capped) above
             return {"type": "http.request", "body": body, "more_body": False}
@@ -366,12 +369,17 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_p
         raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg, "
                                "multipart/form-data or application/json")
     try:
+        if infer_cfg["task"] == "detection":      # boxes come back in the page's own pixels
+            from .ocr.pages import decode_page, detection_input
+
+            page = decode_page(body, max_pixels)
+            return detection_input(page, infer_cfg["preprocess"]), [page.shape[:2]]
         img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
     except ImageTooLarge as exc:
         raise _BadRequest(413, exc.one_line()) from None
     except DataError as exc:
         raise _BadRequest(400, exc.one_line()) from None
-    return to_tensor(img[None], infer_cfg["preprocess"])
+    return to_tensor(img[None], infer_cfg["preprocess"]), None
 
 
 def _json_tensor(body: bytes, want: list) -> np.ndarray:

@@ -3,7 +3,8 @@
 label file (UTF-8), one page per line:
     imgs/page_001.png<TAB>[{"transcription": "INV-2024-001", "points": [[10, 12], [120, 12], [120, 30], [10, 30]]}, ...]
 Relative paths are resolved against the label file's folder. Pages are stretched to the model
-size (the same rule inference applies) and their points scaled with them. A bad line stops
+size and their points scaled with them. A transcription of "###" (or "*") marks a region to ignore,
+as in PaddleOCR: neither text nor background in training targets, not counted by the metric. A bad line stops
 with `file:line` and how to fix it, or with data.on_bad_sample=skip is dropped and counted.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ..errors import DataError
 from .imagefolder import read_image
 from .invoice_pages import pack_quads
 from .labelfile import read_label_lines, resolve_image
+
+IGNORE_TEXTS = ("###", "*")      # PaddleOCR's don't-care transcriptions (ppocr/data/imaug/label_ops.py)
 
 
 def _parse_boxes(payload: str) -> list[tuple[str, np.ndarray]]:
@@ -51,7 +54,8 @@ def _page_size(path: Path) -> tuple[int, int]:
 
 def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_boxes: int,
                         on_bad: str = "error") -> tuple[np.ndarray, np.ndarray, list[list[str]], int]:
-    """→ (uint8 [N, H, W], packed quads [N, max_boxes, 4, 2] in model pixels, transcriptions, skipped)."""
+    """→ (uint8 [N, H, W], packed quads [N, max_boxes, 4, 2] in model pixels ("###" boxes flagged, see
+    invoice_pages.pack_quads), transcriptions, skipped)."""
     p = Path(path)
     spec = {"height": height, "width": width, "resize": "stretch"}
 
@@ -78,4 +82,5 @@ def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_bo
         p, "detection label file", on_bad, parse, unit="pages",
         line_format="'image_path<TAB>[{\"transcription\": ..., \"points\": [[x, y] x 4]}]'")
     images, quads, texts = zip(*records)
-    return np.stack(images), pack_quads(list(quads), max_boxes), list(texts), skipped
+    ignore = [np.array([t in IGNORE_TEXTS for t in page], bool) for page in texts]
+    return np.stack(images), pack_quads(list(quads), max_boxes, ignore), list(texts), skipped

@@ -199,20 +199,35 @@ def render_pages(n: int, seed: int, height: int, width: int, fonts: list[str] | 
 
 
 # ----------------------------------------------------------------------------- packing + cache
-def pack_quads(quads: list[np.ndarray], max_boxes: int) -> np.ndarray:
+def pack_quads(quads: list[np.ndarray], max_boxes: int, ignore: list[np.ndarray] | None = None) -> np.ndarray:
     """Per-page quads → float32 [N, max_boxes, 4, 2], padded with -1 (boxes are clipped to the page,
-    so an all -1 row is never a real box)."""
+    so an all -1 row is never a real box). ignore: per page, True for "###" boxes (PaddleOCR: don't care),
+    stored as -(q + 2), all <= -2, so one array still carries everything."""
     out = np.full((len(quads), max_boxes, 4, 2), -1.0, dtype=np.float32)
     for i, q in enumerate(quads):
         if len(q) > max_boxes:
             raise DataError(f"page {i} has {len(q)} text boxes, more than data.max_boxes={max_boxes}",
                             hint="raise data.max_boxes")
+        q = np.asarray(q, np.float32).reshape(-1, 4, 2)
+        if ignore is not None and len(q):
+            q = np.where(np.asarray(ignore[i], bool)[:, None, None], -(q + 2), q)
         out[i, :len(q)] = q
     return out
 
 
+def unpack_with_ignore(packed: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per page (all quads, bool "###" ignore flag per quad)."""
+    out = []
+    for p in np.asarray(packed):
+        p = p[~(p == -1).all(axis=(1, 2))]
+        ign = (p <= -2).all(axis=(1, 2))
+        out.append((np.where(ign[:, None, None], -p - 2, p).astype(np.float32), ign))
+    return out
+
+
 def unpack_quads(packed: np.ndarray) -> list[np.ndarray]:
-    return [p[~(p == -1).all(axis=(1, 2))] for p in np.asarray(packed)]
+    """Per page the quads that count ("###" boxes left out)."""
+    return [q[~ign] for q, ign in unpack_with_ignore(packed)]
 
 
 def _cache_path(cache_dir: str | os.PathLike, params: dict, fonts: list[str]) -> Path:

@@ -178,6 +178,9 @@ class InferenceEngine(Engine):
                     int8_ops: Iterable[str] | None) -> str:
         cfg.disable_gpu()
         cfg.set_cpu_math_library_num_threads(int(threads))
+        if "avx512f" not in capabilities.real_cpu_flags():
+            # this pass runs AVX-512 code on CPUs whose cpuid (not the OS) claims it: SIGILL on PP-OCRv4 rec
+            cfg.delete_pass("self_attention_fuse_pass")
         desc = _program_desc(self.model_prefix)
         quant = any("quantize" in op.type for op in desc.blocks[0].ops)
         fp16_emulated = any(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)

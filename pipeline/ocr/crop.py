@@ -6,14 +6,14 @@ import numpy as np
 
 
 def crop_quad(image: np.ndarray, quad: np.ndarray) -> np.ndarray:
-    """uint8 [H, W] page + quad [4, 2] (clockwise from top-left) → upright uint8 crop.
+    """uint8 [H, W] or [H, W, 3] page + quad [4, 2] (clockwise from top-left) → upright uint8 crop.
 
-    Width and height come from the quad's edge lengths; a crop much taller than wide is turned
-    upright (PaddleOCR does the same for vertical boxes).
+    PaddleOCR's get_rotate_crop_image: width and height are the quad's longer edge lengths, truncated
+    to whole pixels; a crop at least 1.5x taller than wide is turned upright.
     """
     q = np.asarray(quad, dtype=np.float32)
-    w = int(round(max(np.linalg.norm(q[0] - q[1]), np.linalg.norm(q[2] - q[3]))))
-    h = int(round(max(np.linalg.norm(q[0] - q[3]), np.linalg.norm(q[1] - q[2]))))
+    w = int(max(np.linalg.norm(q[0] - q[1]), np.linalg.norm(q[2] - q[3])))
+    h = int(max(np.linalg.norm(q[0] - q[3]), np.linalg.norm(q[1] - q[2])))
     w, h = max(w, 1), max(h, 1)
     dst = np.array([[0, 0], [w, 0], [w, h], [0, h]], dtype=np.float32)
     m = cv2.getPerspectiveTransform(q, dst)

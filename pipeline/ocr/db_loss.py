@@ -6,6 +6,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ..errors import ConfigError
+
 EPS = 1e-6
 
 
@@ -22,8 +24,19 @@ def _balanced_bce(prob, gt, mask, pos_count: int, neg_avail: int, ratio: float):
     return (pos_loss + neg_sum) / (pos_count + neg_count + EPS)
 
 
+def check_train_maps(shape) -> None:
+    """An exported DB detector keeps only the probability map; the loss needs all three: say so in one line."""
+    if len(shape) != 4 or shape[1] != 3:
+        raise ConfigError(
+            f"detection: DB training needs probability, threshold and binary maps [N, 3, H, W]; the model gives "
+            f"{list(shape)} (an exported/inference detector keeps only the probability map)",
+            hint="fine-tune from the training checkpoint of a DB model (model.name: dbnet or your own "
+                 "'package.module:callable'), not from an inference.pdmodel")
+
+
 def db_loss(maps, targets: np.ndarray, alpha: float = 5.0, beta: float = 10.0, ohem_ratio: float = 3.0):
     """maps: tensor [N, 3, H, W] (P, T, B); targets: numpy [N, 4, H, W] from db_targets.batch_targets."""
+    check_train_maps(maps.shape)
     maps = paddle.cast(maps, "float32")
     prob, thresh, binary = maps[:, 0], maps[:, 1], maps[:, 2]
     # counts come from numpy: top-k needs a Python int, and reading it back from a tensor would sync

@@ -22,6 +22,7 @@ class DBParams:
     unclip_ratio: float = 1.5     # how far the shrunk kernel is grown back (DB's r = 0.4 ↔ 1.5)
     max_candidates: int = 200     # contours examined per image
     min_size: float = 3.0         # boxes with a shorter side (pixels) are dropped
+    use_dilation: bool = False    # dilate the binary map by a 2x2 kernel first (PaddleOCR's use_dilation)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "DBParams":
@@ -47,7 +48,7 @@ def _box_score(prob: np.ndarray, box: np.ndarray) -> float:
     x0, y0 = np.clip(np.floor(box.min(axis=0)).astype(int), 0, [w - 1, h - 1])
     x1, y1 = np.clip(np.ceil(box.max(axis=0)).astype(int), 0, [w - 1, h - 1])
     mask = np.zeros((y1 - y0 + 1, x1 - x0 + 1), np.uint8)
-    cv2.fillPoly(mask, [np.round(box - [x0, y0]).astype(np.int32)], 1)
+    cv2.fillPoly(mask, [(box - [x0, y0]).astype(np.int32)], 1)      # truncation, as PaddleOCR's box_score_fast
     return float(cv2.mean(prob[y0:y1 + 1, x0:x1 + 1], mask)[0])
 
 
@@ -70,6 +71,8 @@ def boxes_from_map(prob: np.ndarray, params: DBParams, out_size: tuple[int, int]
     h, w = prob.shape
     oh, ow = out_size or (h, w)
     bitmap = (prob > params.thresh).astype(np.uint8)
+    if params.use_dilation:
+        bitmap = cv2.dilate(bitmap, np.ones((2, 2), np.uint8))
     contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
     quads, scores = [], []
     for contour in contours[:params.max_candidates]:
@@ -85,8 +88,9 @@ def boxes_from_map(prob: np.ndarray, params: DBParams, out_size: tuple[int, int]
         box, side = _mini_box(grown)
         if side < params.min_size + 2:
             continue
-        box[:, 0] = np.clip(box[:, 0] * ow / w, 0, ow - 1)
-        box[:, 1] = np.clip(box[:, 1] * oh / h, 0, oh - 1)
+        # back to the output frame (the original image), whole pixels as PaddleOCR's DBPostProcess
+        box[:, 0] = np.clip(np.round(box[:, 0] * ow / w), 0, ow - 1)
+        box[:, 1] = np.clip(np.round(box[:, 1] * oh / h), 0, oh - 1)
         quads.append(box)
         scores.append(score)
     if not quads:

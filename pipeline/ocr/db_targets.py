@@ -42,13 +42,21 @@ def _draw_border(poly: np.ndarray, distance: float, thresh: np.ndarray, mask: np
 
 
 def make_targets(quads: np.ndarray, height: int, width: int, shrink_ratio: float = 0.4,
-                 thresh_min: float = 0.3, thresh_max: float = 0.7, min_text_size: int = 4) -> np.ndarray:
-    """Quads float [K, 4, 2] (pixels) → float32 [4, H, W]: shrink map, shrink mask, thresh map, thresh mask."""
+                 thresh_min: float = 0.3, thresh_max: float = 0.7, min_text_size: int = 4,
+                 ignore: np.ndarray | None = None) -> np.ndarray:
+    """Quads float [K, 4, 2] (pixels) → float32 [4, H, W]: shrink map, shrink mask, thresh map, thresh mask.
+
+    ignore: bool [K], True for "###" regions: masked out of the shrink mask and left out of the
+    threshold map, as PaddleOCR's MakeShrinkMap / MakeBorderMap do."""
+    ignore = np.zeros(len(quads), bool) if ignore is None else np.asarray(ignore, bool)
     shrink = np.zeros((height, width), np.float32)
     shrink_mask = np.ones((height, width), np.float32)
     thresh = np.zeros((height, width), np.float32)
     thresh_mask = np.zeros((height, width), np.float32)
-    for poly in np.asarray(quads, np.float32):
+    for poly, ign in zip(np.asarray(quads, np.float32).reshape(-1, 4, 2), ignore):
+        if ign:
+            cv2.fillPoly(shrink_mask, [np.round(poly).astype(np.int32)], 0.0)
+            continue
         shape = Polygon(poly)
         if not shape.is_valid or shape.area < 1:
             continue
@@ -68,6 +76,6 @@ def make_targets(quads: np.ndarray, height: int, width: int, shrink_ratio: float
 
 def batch_targets(packed: np.ndarray, height: int, width: int, **kw) -> np.ndarray:
     """Packed labels [N, B, 4, 2] (-1 padded) → [N, 4, H, W]."""
-    from ..data.invoice_pages import unpack_quads
+    from ..data.invoice_pages import unpack_with_ignore
 
-    return np.stack([make_targets(q, height, width, **kw) for q in unpack_quads(packed)])
+    return np.stack([make_targets(q, height, width, ignore=ign, **kw) for q, ign in unpack_with_ignore(packed)])

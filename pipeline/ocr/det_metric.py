@@ -2,6 +2,8 @@
 
 Predictions and ground truth are matched one-to-one, greedily by descending IoU (ICDAR-style);
 a pair counts when IoU >= iou. Counts are summed over the data set before dividing.
+"###" ground truth is don't-care, as in PaddleOCR's DetectionIoUEvaluator: it is not counted, and a
+detection lying mostly inside one (intersection / detection area > 0.5) is neither TP nor FP.
 """
 from __future__ import annotations
 
@@ -43,9 +45,27 @@ def match(pred: np.ndarray, gt: np.ndarray, iou: float = 0.5) -> list[tuple[int,
     return pairs
 
 
-def detection_scores(preds: list[np.ndarray], gts: list[np.ndarray], iou: float = 0.5) -> dict[str, float]:
+AREA_PRECISION = 0.5      # DetectionIoUEvaluator's area_precision_constraint
+
+
+def _not_in_ignored(pred: np.ndarray, ignored: np.ndarray) -> np.ndarray:
+    """bool per detection: False when more than half its area lies inside one ignored box."""
+    keep = np.ones(len(pred), bool)
+    igs = [_poly(q) for q in ignored]
+    for i, q in enumerate(pred):
+        p = _poly(q)
+        keep[i] = not any(p.area > 0 and p.intersection(g).area / p.area > AREA_PRECISION for g in igs)
+    return keep
+
+
+def detection_scores(preds: list[np.ndarray], gts: list[np.ndarray], iou: float = 0.5,
+                     ignores: list[np.ndarray] | None = None) -> dict[str, float]:
+    """gts: per page all boxes; ignores: per page bool "###" flags (None: every box counts)."""
     tp = n_pred = n_gt = 0
-    for p, g in zip(preds, gts):
+    for k, (p, g) in enumerate(zip(preds, gts)):
+        ign = np.zeros(len(g), bool) if ignores is None else np.asarray(ignores[k], bool)
+        p = p[_not_in_ignored(p, g[ign])] if ign.any() and len(p) else p
+        g = g[~ign]
         tp += len(match(p, g, iou))
         n_pred += len(p)
         n_gt += len(g)

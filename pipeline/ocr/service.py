@@ -15,29 +15,22 @@ from pathlib import Path
 import numpy as np
 from fastapi import Request
 
-from ..errors import PipelineError
+from ..errors import DataError, PipelineError
 from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
                      base_app, read_body)
 
 
 def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
-    """The whole page, full resolution (crops are cut from it); the pixel limit is read from the header."""
-    import warnings
-
-    from PIL import Image
+    """The whole page, full resolution, BGR (crops are cut from it); the pixel limit is read from the header."""
+    from ..preprocess import ImageTooLarge
+    from .pages import decode_page
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(body))
-        with img:
-            if img.width * img.height > max_pixels:
-                raise _BadRequest(413, f"page is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
-                                       f"the limit is {max_pixels:,} (serve.max_pixels)")
-            img.load()
-            return np.asarray(img.convert("L"))
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise _BadRequest(400, f"not a readable PNG/JPEG page image ({exc})") from None
+        return decode_page(body, max_pixels)
+    except ImageTooLarge as exc:
+        raise _BadRequest(413, exc.one_line()) from None
+    except DataError as exc:
+        raise _BadRequest(400, exc.one_line()) from None
 
 
 async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:

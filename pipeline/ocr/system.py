@@ -1,50 +1,73 @@
-"""The OCR system: page → DB boxes → perspective crops → CTC recognition → lines with boxes and scores.
+"""The OCR system: page → DB boxes → perspective crops → [direction classifier →] CTC recognition → lines.
 
 Engines are pipeline.engines.base.Engine objects (Paddle Inference, a Lite .nb run in a subprocess,
 ...), so the same flow, pre- and post-processing serve every gate row, `verify` and `serve` /ocr.
-Pages are batched per model: detection over all pages, recognition over all crops (with a large
-`batch`, a Lite run costs two subprocesses per call, not two per line).
+Two preprocessing conventions, chosen by the detection bundle's `preprocess.resize`:
+  stretch (the built-in synthetic models): gray pages stretched to the model size, detection over all
+    pages and recognition over all crops in large batches (a Lite run costs two subprocesses per call);
+  limit (PaddleOCR's, pipeline/ocr/ppocr.py; pretrained PP-OCR models): each page at its own size,
+    boxes in PaddleOCR's sorted_boxes order, crops optionally turned by the 0/180 classifier (`cls_thresh`),
+    recognised in batches of `rec_batch_num` grouped by width (each batch padded to its widest crop
+    when the recogniser's width is dynamic), lines below `drop_score` dropped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import cv2
 import numpy as np
 from PIL import Image
 
 from ..errors import NonFiniteError
 from ..preprocess import fit_image, to_tensor
 from ..text_metrics import ctc_greedy_decode, decode_indices
+from . import ppocr
 from .crop import crop_quad
-from .db_post import DBParams, detect_batch
+from .db_post import DBParams, boxes_from_map, detect_batch
+
+# PaddleOCR's tools/infer defaults (utility.py): rec_batch_num 6, cls_batch_num 6, cls_thresh 0.9, drop_score 0.5
+# RapidOCR's page steps (ppocr.prepare_page) are off unless configured
+FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
+                 "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0}
+
 
 @dataclass
 class SystemSpec:
-    """The two models' infer_config sections the system needs (from each sub-bundle)."""
+    """The models' infer_config sections the system needs (from each sub-bundle) and the flow's settings."""
     det_pre: dict
     det_post: dict
     rec_pre: dict
     rec_post: dict
+    cls_pre: dict | None = None       # the optional 0/180 direction classifier
+    flow: dict = field(default_factory=lambda: dict(FLOW_DEFAULTS))
 
     @classmethod
-    def from_infer_configs(cls, det: dict, rec: dict) -> "SystemSpec":
-        return cls(det["preprocess"], det["postprocess"], rec["preprocess"], rec["postprocess"])
+    def from_infer_configs(cls, det: dict, rec: dict, cls_cfg: dict | None = None,
+                           flow: dict | None = None) -> "SystemSpec":
+        return cls(det["preprocess"], det["postprocess"], rec["preprocess"], rec["postprocess"],
+                   cls_cfg["preprocess"] if cls_cfg else None, {**FLOW_DEFAULTS, **(flow or {})})
+
+    @property
+    def paddleocr(self) -> bool:
+        return self.det_pre.get("resize") == "limit"
 
 
-def _softmax_max(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+def _probabilities(out: np.ndarray) -> np.ndarray:
+    """Class probabilities [N, T, C]: exported PP-OCR recognisers end in softmax, ours in logits."""
+    if out.min() >= 0 and np.allclose(out.sum(axis=-1), 1.0, atol=1e-3):
+        return out.astype(np.float64)
+    z = out.astype(np.float64) - out.max(axis=-1, keepdims=True)
     p = np.exp(z)
-    return (p / p.sum(axis=-1, keepdims=True)).max(axis=-1)
+    return p / p.sum(axis=-1, keepdims=True)
 
 
-def _line_scores(logits: np.ndarray) -> list[float]:
-    """Mean max-probability over the non-blank steps of each line (PaddleOCR's rec score)."""
-    best, conf = logits.argmax(axis=-1), _softmax_max(logits)
-    out = []
-    for b, c in zip(best, conf):
-        keep = b != 0
-        out.append(float(c[keep].mean()) if keep.any() else 0.0)
-    return out
+def _line_scores(out: np.ndarray) -> list[float]:
+    """PaddleOCR's rec score: mean probability of the characters kept by greedy CTC decoding."""
+    best, conf = out.argmax(axis=-1), _probabilities(out).max(axis=-1)
+    keep = np.ones_like(best, dtype=bool)
+    keep[:, 1:] = best[:, 1:] != best[:, :-1]
+    keep &= best != 0
+    return [float(c[k].mean()) if k.any() else 0.0 for c, k in zip(conf, keep)]
 
 
 def _finite(out: np.ndarray, what: str, engine) -> None:
@@ -55,10 +78,15 @@ def _finite(out: np.ndarray, what: str, engine) -> None:
                              f"{getattr(engine, 'effective_precision', '')}) produced {bad} NaN/Inf values")
 
 
-def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int = 16) -> list[list[dict]]:
-    """uint8 pages [H, W] (any size) → per page, lines {"box", "text", "score", "det_score"} in reading order.
+def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int = 16, cls=None) -> list[list[dict]]:
+    """uint8 pages [H, W] or [H, W, 3] BGR (any size) → per page, lines {"box", "text", "score", "det_score"
+    [, "angle"]} in reading order, boxes in the page's own pixels.
 
-    det, rec: engines (pipeline.engines.base.Engine) for the detection and recognition models."""
+    det, rec, cls: engines (pipeline.engines.base.Engine) for the detection, recognition and (optional)
+    direction-classifier models."""
+    if spec.paddleocr:
+        return [read_page_ppocr(p, det, rec, spec, cls) for p in pages]
+    pages = [cv2.cvtColor(p, cv2.COLOR_BGR2GRAY) if p.ndim == 3 else p for p in pages]
     det_in = np.stack([fit_image(Image.fromarray(p), spec.det_pre) for p in pages])
     maps = det.run_batched(to_tensor(det_in, spec.det_pre), batch)
     _finite(maps, "detection", det)
@@ -80,8 +108,68 @@ def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int =
     k = 0
     for i, (quads, det_scores) in enumerate(found):
         for q, s in zip(quads, det_scores):
-            # float64 before rounding: a float32 66.8 prints as 66.80000305 in JSON
-            result[i].append({"box": np.round(q.astype(np.float64), 1).tolist(), "text": texts[k],
-                              "score": round(scores[k], 4), "det_score": round(float(s), 4)})
+            result[i].append(_line(q, texts[k], scores[k], s))
             k += 1
     return result
+
+
+def _line(quad: np.ndarray, text: str, score: float, det_score: float) -> dict:
+    # float64 before rounding: a float32 66.8 prints as 66.80000305 in JSON
+    return {"box": np.round(quad.astype(np.float64), 1).tolist(), "text": text, "score": round(score, 4),
+            "det_score": round(float(det_score), 4)}
+
+
+def detect_page(page: np.ndarray, det, spec: SystemSpec) -> tuple[np.ndarray, np.ndarray]:
+    """PaddleOCR detection of one page at its own limit-rule size → (quads in page pixels, scores),
+    in sorted_boxes order."""
+    out = det.run(ppocr.det_input(page, spec.det_pre))
+    _finite(out, "detection", det)
+    quads, scores = boxes_from_map(out[0], DBParams.from_dict(spec.det_post), page.shape[:2])
+    order = ppocr.sorted_boxes(quads)
+    return quads[order], scores[order]
+
+
+def classify_crops(crops: list[np.ndarray], cls, spec: SystemSpec) -> list[int]:
+    """0/180 direction of each crop (PaddleOCR's predict_cls: batches sorted by width, [3, 48, 192] inputs);
+    crops whose 180 score exceeds cls_thresh are turned in place. → angle per crop (0 or 180)."""
+    h, w = int(spec.cls_pre["height"]), int(spec.cls_pre["width"])
+    angles = [0] * len(crops)
+    for idx in ppocr.width_batches(crops, int(spec.flow["cls_batch_num"])):
+        probs = cls.run(np.stack([ppocr.resize_norm(crops[i], h, w) for i in idx]))
+        _finite(probs, "direction classifier", cls)
+        for i, p in zip(idx, probs):
+            if int(p.argmax()) == 1 and float(p[1]) > float(spec.flow["cls_thresh"]):
+                crops[i] = cv2.rotate(crops[i], cv2.ROTATE_180)
+                angles[i] = 180
+    return angles
+
+
+def recognize_crops(crops: list[np.ndarray], rec, spec: SystemSpec) -> tuple[list[str], list[float]]:
+    """Texts and scores of crops, recognised in width-sorted batches of rec_batch_num; results in input order."""
+    height, base = int(spec.rec_pre["height"]), int(spec.rec_pre["width"])
+    dynamic = int(rec.input_shape[-1]) <= 0
+    texts, scores = [""] * len(crops), [0.0] * len(crops)
+    for idx in ppocr.width_batches(crops, int(spec.flow["rec_batch_num"])):
+        width = ppocr.batch_width(crops, idx, height, base) if dynamic else base
+        out = rec.run(np.stack([ppocr.resize_norm(crops[i], height, width) for i in idx]))
+        _finite(out, "recognition", rec)
+        for i, t, sc in zip(idx, decode_indices(ctc_greedy_decode(out), spec.rec_post["charset"]), _line_scores(out)):
+            texts[i], scores[i] = t, sc
+    return texts, scores
+
+
+def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> list[dict]:
+    """One page through PaddleOCR's flow (see the module docstring); crops are cut from the prepared page
+    (as RapidOCR does), boxes reported in the original page's pixels."""
+    img = ppocr.to_bgr(page)
+    work, transform = ppocr.prepare_page(img, spec.flow)
+    quads, det_scores = detect_page(work, det, spec)
+    crops = [crop_quad(work, q) for q in quads]
+    quads = ppocr.page_boxes(quads, transform, img.shape[:2])
+    angles = classify_crops(crops, cls, spec) if cls is not None and crops else None
+    texts, scores = recognize_crops(crops, rec, spec) if crops else ([], [])
+    lines = []
+    for k, q in enumerate(quads):
+        if scores[k] >= float(spec.flow["drop_score"]):
+            lines.append(_line(q, texts[k], scores[k], det_scores[k]) | ({"angle": angles[k]} if angles else {}))
+    return lines

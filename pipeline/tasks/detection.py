@@ -17,6 +17,8 @@ from ..ocr.db_post import DBParams, detect_batch
 from ..ocr.det_metric import detection_scores
 from .base import Datasets, Split
 
+PRE_KEYS = ("resize", "limit_side_len", "limit_type", "mean", "std")
+
 
 class DetectionTask:
     name = "detection"
@@ -26,6 +28,7 @@ class DetectionTask:
 
     def __init__(self, post: dict | None = None):
         post = dict(post or {})
+        self.pre = {k: post[k] for k in PRE_KEYS if k in post}     # config section `detection` only
         self.params = DBParams.from_dict(post)
         self.iou = float(post.get("iou", 0.5))
         self.shrink_ratio = float(post.get("shrink_ratio", 0.4))
@@ -107,20 +110,28 @@ class DetectionTask:
         return detect_batch(outputs, self.params, out_sizes)
 
     def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-        from ..data.invoice_pages import unpack_quads
+        from ..data.invoice_pages import unpack_with_ignore
 
         preds = [q for q, _ in self.boxes(outputs)]
-        return detection_scores(preds, unpack_quads(labels), self.iou)
+        gts = unpack_with_ignore(labels)
+        return detection_scores(preds, [g for g, _ in gts], self.iou, [i for _, i in gts])
 
-    def decode(self, outputs: np.ndarray, info: dict) -> list[dict]:
-        res = detect_batch(outputs, DBParams.from_dict(info))
+    def decode(self, outputs: np.ndarray, info: dict, sizes: list | None = None) -> list[dict]:
+        """Boxes per image; sizes: the images' original (h, w), so boxes come back in their pixels."""
+        res = detect_batch(outputs, DBParams.from_dict(info), sizes)
         return [{"boxes": np.round(q.astype(np.float64), 1).tolist(), "scores": np.round(s.astype(np.float64), 4).tolist()}
                 for q, s in res]
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
-        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]),
-                "channels": int(data_cfg.get("channels", 1)), "mean": 0.5, "std": 0.5, "resize": "stretch",
-                "color": "L"}
+        """stretch (gray, 0.5/0.5) or PaddleOCR's limit rule (BGR, per-channel mean/std); height/width are the
+        size the gated validation pages have (with limit, a page already at multiples of 32 within the limit)."""
+        size = {"height": int(data_cfg["height"]), "width": int(data_cfg["width"])}
+        if self.pre.get("resize") == "limit":
+            return {**size, "resize": "limit", "limit_side_len": int(self.pre["limit_side_len"]),
+                    "limit_type": self.pre["limit_type"], "channels": 3, "color": "BGR",
+                    "mean": [float(v) for v in self.pre["mean"]], "std": [float(v) for v in self.pre["std"]]}
+        return {**size, "channels": int(data_cfg.get("channels", 1)), "mean": 0.5, "std": 0.5,
+                "resize": "stretch", "color": "L"}
 
     def postprocess_spec(self, info: dict) -> dict:
         return {"type": "db", **self.params.to_dict(), "iou": self.iou, "shrink_ratio": self.shrink_ratio}
