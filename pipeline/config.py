@@ -236,8 +236,15 @@ class SystemCfg(Section):
     min_line_accuracy: float = Field(ge=0, le=1)
     min_field_accuracy: float = Field(ge=0, le=1)
     gates: dict[Literal["fp16", "bf16", "int8", "lite", "engines", "http"], float]
+    classifier: Optional[str]
+    classifier_overrides: list[str]
+    engine: Literal["paddle-inference", "onnxruntime", "openvino"]
     rec_batch_num: int = PosInt
     cls_batch_num: int = PosInt
+    max_side_len: int = Field(ge=0)
+    min_side_len: int = Field(ge=0)
+    min_height: int = Field(ge=0)
+    width_height_ratio: float = NonNegFloat
     cls_thresh: float = Field(ge=0, le=1)
     drop_score: float = Field(ge=0, le=1)
 

@@ -173,3 +173,11 @@ def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> l
         if scores[k] >= float(spec.flow["drop_score"]):
             lines.append(_line(q, texts[k], scores[k], det_scores[k]) | ({"angle": angles[k]} if angles else {}))
     return lines
+
+
+def read_crops(crops: list[np.ndarray], rec, spec: SystemSpec, cls=None) -> list[str]:
+    """Text-line images read without detection (direction classifier first when given), in input order."""
+    crops = [ppocr.to_bgr(c) for c in crops]
+    if cls is not None:
+        classify_crops(crops, cls, spec)
+    return recognize_crops(crops, rec, spec)[0]
