@@ -1,11 +1,15 @@
 """Integration: the tiny detection chain through the CLI (train → export → server → lite → bundle),
 gated on probability maps and hmean, then `verify` on the archive and `serve` /predict returning boxes."""
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
+
+from pipeline.preprocess import png_bytes
 from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,3 +67,9 @@ def test_serve_predict_returns_boxes(det_run):
         assert len(pred["boxes"]) == len(pred["scores"])
         assert all(np.asarray(b).shape == (4, 2) for b in pred["boxes"])
         assert all(0.0 <= s <= 1.0 for s in pred["scores"])
+        # the same page at twice the size: boxes come back in its own pixels (twice the model frame's)
+        big = np.asarray(Image.open(io.BytesIO(body)).convert("L").resize((320, 320), Image.NEAREST))
+        r2 = client.post("/predict", content=png_bytes(big), headers={"content-type": "image/png"})
+        [pred2] = r2.json()["predictions"]
+        boxes2 = np.asarray(pred2["boxes"]).reshape(-1, 4, 2)
+        assert boxes2.size == 0 or (boxes2.max() <= 319 and boxes2.max() > 160)    # not the 160x160 model frame

@@ -249,3 +249,24 @@ def test_width_grouped_batches_read_as_one_by_one(real):
     spec.flow = {**spec.flow, "rec_batch_num": 1}
     single, _ = recognize_crops(crops, eng["rec"], spec)
     assert sum(a != b for a, b in zip(batched, single)) <= len(crops) // 10
+
+
+@pytest.mark.parametrize("pre", [{"resize": "stretch", "height": 96, "width": 128, "mean": 0.5, "std": 0.5},
+                                 {"resize": "limit", "limit_side_len": 960, "limit_type": "max",
+                                  "mean": [0.5] * 3, "std": [0.5] * 3}])
+def test_detection_task_decodes_boxes_in_the_page_frame(pre):
+    """What serve /predict does for a detection bundle: page → model input → map → boxes in the page's pixels."""
+    from pipeline.ocr.pages import detection_input
+    from pipeline.tasks.detection import DetectionTask
+
+    page = np.zeros((250, 390, 3), np.uint8)
+    x = detection_input(page, pre)
+    assert x.shape[2:] == ((96, 128) if pre["resize"] == "stretch" else (256, 384))
+    prob = np.zeros((1, 1) + x.shape[2:], np.float32)
+    h, w = x.shape[2:]
+    prob[0, 0, h // 4:h // 4 + 12, w // 4:w // 2] = 0.9
+    [pred] = DetectionTask({"box_thresh": 0.5}).decode(prob, {"box_thresh": 0.5}, [page.shape[:2]])
+    box = np.asarray(pred["boxes"][0])
+    # the text region's centre, in page pixels (unclip grows the box around it)
+    assert abs(box[:, 0].mean() - 390 * 3 / 8) < 390 / w * 2 and abs(box[:, 1].mean() - (h / 4 + 6) * 250 / h) < 250 / h * 2
+    assert box[:, 0].max() > w or box[:, 1].max() > h or pre["resize"] == "limit"    # stretch: beyond the model frame
