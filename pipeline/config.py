@@ -35,11 +35,13 @@ class RunCfg(Section):
 
 
 class DataCfg(Section):
-    source: Literal["synthetic", "folder", "pages"]
+    source: Literal["synthetic", "folder", "pages", "images"]
     path: Optional[str]
     val_path: Optional[str]
     val_fraction: float = Field(gt=0, lt=1)
     charset: Optional[str]
+    use_space_char: bool
+    preprocess: Literal["default", "ppocr"]
     num_train: int = PosInt
     num_val: int = PosInt
     height: int = Field(ge=8, le=1024)
@@ -56,6 +58,17 @@ class DataCfg(Section):
 class ModelCfg(Section):
     name: str
     args: dict[str, Any]
+    source: Literal["builder", "inference"]
+    path: Optional[str]
+    pretrained: Optional[str]
+    allow_partial: bool
+
+    @model_validator(mode="after")
+    def _inference_needs_a_path(self):
+        if self.source == "inference" and not self.path:
+            raise ValueError("model.source is 'inference' but model.path is empty: set it to the folder (or prefix) "
+                             "of inference.pdmodel/.pdiparams")
+        return self
 
 
 class PrecheckCfg(Section):
@@ -170,6 +183,7 @@ class ServerCfg(Section):
     onnx: OnnxCfg
     tuning: TuningCfg
     recommend: RecommendCfg
+    memory_budget_mb: int = PosInt
 
     @model_validator(mode="after")
     def _every_precision_has_a_gate(self):
@@ -193,6 +207,8 @@ class BundleCfg(Section):
     version: Optional[str]
     archive: bool
     samples: int = PosInt
+    sample_atol: float = Field(gt=0)
+    sample_rtol: float = NonNegFloat
     sign_key: Optional[str]
 
 
@@ -283,7 +299,10 @@ class Config(Section):
             else Path(self.run.root) / self.run.name
 
     def section(self, *keys: str) -> dict:
-        return {k: _plain(getattr(self, k)) for k in keys}
+        out = {k: _plain(getattr(self, k)) for k in keys}
+        if "model" in out:      # what the model loads is part of every fingerprint made from this section
+            out["model"] = {**out["model"], "loads": model_sources(self.model)}
+        return out
 
     def hash_of(self, *keys: str) -> str:
         blob = json.dumps(self.section(*keys), sort_keys=True, default=str).encode()
@@ -291,6 +310,50 @@ class Config(Section):
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
+
+
+_HASHED: dict[tuple, str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, cached per (path, size, mtime): sections are built many times per run."""
+    from .artifacts import sha256_file
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return _HASHED[key]
+
+
+def _files_of(path: str) -> list[Path]:
+    p = ROOT / path if not Path(path).is_absolute() else Path(path)
+    if p.is_dir():
+        return sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".pdmodel", ".pdiparams", ".yml"))
+    cands = [p] + [Path(str(p) + s) for s in (".pdmodel", ".pdiparams")]
+    return [f for f in cands if f.is_file()]
+
+
+def _builder_source(name: str) -> list[Path]:
+    """The module file of a user's "package.module:callable" (built-ins are covered by the stage's code deps)."""
+    import importlib.util
+
+    if ":" not in name:
+        return []
+    try:
+        spec = importlib.util.find_spec(name.partition(":")[0])
+    except (ImportError, ValueError):
+        return []
+    return [Path(spec.origin)] if spec and spec.origin and Path(spec.origin).is_file() else []
+
+
+def model_sources(model: "ModelCfg") -> dict[str, str]:
+    """File name → sha256 of everything the model section makes the train stage read: the imported program
+    (model.path), pretrained weights (model.pretrained) and a user builder's module source."""
+    files = _builder_source(model.name)
+    for path in (model.path if model.source == "inference" else None, model.pretrained):
+        files += _files_of(path) if path else []
+    return {(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)): _file_digest(f) for f in files}
 
 
 def _plain(value):

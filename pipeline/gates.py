@@ -198,7 +198,26 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
 def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
                  task=None, key: str = "") -> Gate:
     """evaluate() with a config Tolerance (atol, rtol, metric_delta, min_agreement) and the task's
-    agreement measure (argmax for classification, decoded text for recognition)."""
+    agreement measure (argmax for classification, decoded text for recognition), in the task's comparison
+    space (probabilities as log-probabilities: a tolerance sized for logits means the same there)."""
     agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
-    return evaluate(gate, candidate, reference, tol.atol, value, tol.metric_delta, rtol=getattr(tol, "rtol", 0.0),
-                    agreement=agreement, min_agreement=getattr(tol, "min_agreement", None), key=key)
+    space = getattr(task, "comparable", None) or (lambda a: a)
+    if count_nonfinite(candidate) == 0:
+        candidate, reference = space(candidate), space(reference)
+        if getattr(task, "outputs", "logits") == "probabilities":
+            gate.extra["compared_as"] = "log-probabilities (log max(p, 1e-6))"
+    evaluate(gate, candidate, reference, tol.atol, value, tol.metric_delta, rtol=getattr(tol, "rtol", 0.0),
+             agreement=agreement, min_agreement=getattr(tol, "min_agreement", None), key=key)
+    return _note_same_decoding(gate)
+
+
+def _note_same_decoding(gate: Gate) -> Gate:
+    """An elementwise failure whose task-level output is identical everywhere (strict agreement 1.0) says so:
+    the numbers moved, the answers did not (decide whether the tolerance or the engine is wrong)."""
+    agree = [c for c in gate.checks if c.name.endswith("agreement")]
+    elementwise = [c for c in gate.checks if c.name == "max_abs_diff" and not c.passed]
+    strict_all = agree and (agree[0].detail.startswith("strict 1;") or (not agree[0].detail and agree[0].observed == 1.0))
+    if gate.status == FAIL and elementwise and strict_all:
+        gate.reason += (f"; the decoded output ({agree[0].name}) is identical on every sample: only the elementwise "
+                        f"values differ beyond {elementwise[0].key or 'the tolerance'}")
+    return gate

@@ -513,8 +513,8 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
     from .engines.perf import summarize_ms
     from .tasks import get_task
 
-    if images_uint8.ndim != 3 or images_uint8.dtype != np.uint8 or len(images_uint8) == 0:
-        raise DataError(f"http_gate needs uint8 images [N, H, W], got {images_uint8.dtype} {list(images_uint8.shape)}")
+    if images_uint8.ndim not in (3, 4) or images_uint8.dtype != np.uint8 or len(images_uint8) == 0:
+        raise DataError(f"http_gate needs uint8 images [N, H, W] or [N, H, W, 3], got {images_uint8.dtype} {list(images_uint8.shape)}")
     n = min(int(max_requests), len(images_uint8))
     task = get_task(task_name, infer_cfg.get("postprocess"))
     from .preprocess import png_bytes

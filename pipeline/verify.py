@@ -16,7 +16,8 @@ from .errors import DataError, IntegrityError
 from .gates import Check, parity_checks
 from .preprocess import decode_image_bytes, to_tensor
 
-SAMPLE_ATOL = 1e-4
+# bundles written before bundle.sample_atol/rtol existed carry no sample_check: their tolerance was this
+LEGACY_SAMPLE_CHECK = {"atol": 1e-4, "rtol": 0.0}
 
 
 def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -33,11 +34,19 @@ def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
         raise IntegrityError(f"bundle samples are unreadable ({msg})", hint="rebuild the bundle with `make deploy`") from None
 
 
-def _checks(engine: str, out: np.ndarray, expected: np.ndarray) -> list[dict]:
-    """The gates' own parity checks (NaN/Inf, shape, max abs diff), named for the engine; the
-    limit-less max_rel_diff is left out of a pass/fail report."""
+def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict) -> list[dict]:
+    """The gates' own parity checks (NaN/Inf, shape, max abs diff), named for the engine, with the bundle's
+    sample tolerance, in the task's comparison space (probabilities as log-probabilities); the limit-less
+    max_rel_diff is left out of a pass/fail report."""
+    from .tasks import get_task
+
+    tol = cfg.get("sample_check") or LEGACY_SAMPLE_CHECK
+    space = getattr(get_task(cfg["task"], cfg.get("postprocess")), "comparable", None) or (lambda a: a)
+    if np.isfinite(out).all():
+        out, expected = space(out), space(expected)
     return [{**asdict(c), "name": f"{engine} {c.name} on samples"}
-            for c in parity_checks(out, expected, SAMPLE_ATOL) if c.limit is not None]
+            for c in parity_checks(out, expected, tol["atol"], tol.get("rtol", 0.0), key="bundle.sample")
+            if c.limit is not None]
 
 
 def check_signature(folder: Path, key: str | Path | None) -> str:
@@ -84,7 +93,7 @@ def verify_bundle(path: Path, timeout: float = 120, threads: int = 0, key: str |
         x, expected = _samples(folder, cfg)
         checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
         for name, make in _engines(folder, cfg, timeout, threads).items():
-            checks += _checks(name, make().run(x), expected)
+            checks += _checks(name, make().run(x), expected, cfg)
         failed = [c for c in checks if not c["passed"]]
         return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
                 "ok": not failed, "signature": signature, "unverified": manifest.get("unverified", {})}

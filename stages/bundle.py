@@ -31,7 +31,7 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def infer_config(info: dict, export_info: dict, serving: dict | None = None) -> dict:
+def infer_config(info: dict, export_info: dict, serving: dict | None = None, sample_check: dict | None = None) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "task": info["task"],
@@ -41,6 +41,7 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None) -> 
         "primary_metric": info["primary_metric"],
         "models": export_info,
         "serving": serving or None,     # recommended engine + measured settings (pipeline/serving.py)
+        "sample_check": sample_check,   # `verify`'s tolerance on the bundled samples (bundle.sample_atol/rtol)
     }
 
 
@@ -106,7 +107,8 @@ def run(ctx: StageContext) -> StageResult:
     with np.load(export_dir / "reference.npz") as z:
         k = min(cfg.bundle.samples, len(z["labels"]))
         write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(info, models, serving), sort_keys=False))
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(
+        info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol}), sort_keys=False))
 
     gates = [g for stage in ("train", "export", "server", "lite") for g in ctx.input_manifests[stage]["gates"]]
     precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in ("train", "export", "server", "lite")}

@@ -30,15 +30,25 @@ def _threads(cfg) -> int:
     return cfg.server.threads or env.cpu_count()
 
 
+def batch_sizes(cfg, prefix, x) -> dict:
+    """Batches that fit server.memory_budget_mb for this model (gate runs, throughput, calibration)."""
+    from pipeline.engines.perf import batch_for
+
+    sc, shape = cfg.server, list(x.shape)
+    return {"gate": batch_for(prefix, shape, sc.memory_budget_mb, 64),
+            "perf": batch_for(prefix, shape, sc.memory_budget_mb, sc.perf.batch_size),
+            "quant": batch_for(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
+
+
 def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
     from pipeline.engines.base import ShapeRouted
 
     t0 = time.perf_counter()
-    out = engine.run_batched(x, 64)
+    out = engine.run_batched(x, ctx.batches["gate"])
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
     checked, ref_checked = out, ref_out
     if isinstance(engine, ShapeRouted):   # the batch-1 instance has its own settings and answers single requests
-        k = min(len(x), 64)
+        k = min(len(x), ctx.batches["gate"])
         checked = np.concatenate([out, *(engine.run(x[i:i + 1]) for i in range(k))])
         ref_checked = np.concatenate([ref_out, ref_out[:k]])
     label, proof = engine.effective_precision, dict(engine.evidence)
@@ -49,7 +59,7 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     if checked is not out:
         gate.extra["batch1_instance_samples"] = len(checked) - len(out)     # also inside the elementwise check
     pc = ctx.cfg.server.perf
-    gate.extra.update(engine.perf(x, pc.batch_size, warmup=pc.warmup, repeats=pc.repeats))
+    gate.extra.update(engine.perf(x, ctx.batches["perf"], warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
     gate.extra["evidence"] = proof                    # what proves the effective precision
     gate.extra["settings"] = dict(engine.settings)
@@ -76,10 +86,12 @@ def run(ctx: StageContext) -> StageResult:
     prefix = ref.model_prefix
     with np.load(ctx.inputs["train"] / "calib.npz") as z:
         calib = z["inputs"]
+    ctx.batches = batch_sizes(cfg, prefix, x)
+    log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
     device, threads = _device(cfg), _threads(cfg)
     common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
     gates: list[Gate] = []
-    info_out: dict = {"device": device, "threads": threads}
+    info_out: dict = {"device": device, "threads": threads, "batch_sizes": ctx.batches}
     tuning: dict = {}
     served: dict = {}       # engine kind -> tuned fp32 engine, candidates for serving
 
@@ -150,10 +162,10 @@ def _tune(ctx, kind: str, model, x, **paddle_opts):
 
     sc = ctx.cfg.server
     choices = registry.thread_choices(sc.tuning.threads, _threads(ctx.cfg))
-    eng, record = registry.tune(kind, model, "fp32", x, batch_size=sc.perf.batch_size, threads=choices,
+    eng, record = registry.tune(kind, model, "fp32", x, batch_size=ctx.batches["perf"], threads=choices,
                                 warmup=sc.perf.warmup, repeats=sc.perf.repeats, rounds=sc.tuning.rounds,
                                 **paddle_opts)
-    log.info("[server] %s tuned: batch-1 %s, batch-%d %s", kind, _chosen(record["batch1"]), sc.perf.batch_size,
+    log.info("[server] %s tuned: batch-1 %s, batch-%d %s", kind, _chosen(record["batch1"]), ctx.batches["perf"],
              _chosen(record["batchN"]))
     return eng, record
 
@@ -224,13 +236,13 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args) -> Gate:
     q, threads = ctx.cfg.server.quant, _threads(ctx.cfg)
     if kind == "onnxruntime":
         model = ctx.out_dir / "onnx" / "model_int8.onnx"
-        qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=q.batch_size, batch_nums=q.batch_nums)
+        qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["quant"], batch_nums=q.batch_nums)
     else:
         ok, why = ov.nncf_status()
         if not ok:
             return skipped("server", f"{kind} int8", "int8", task.primary_metric, why)
         model = ctx.out_dir / "openvino" / "model_int8.xml"
-        qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=q.batch_size, batch_nums=q.batch_nums)
+        qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["quant"], batch_nums=q.batch_nums)
     eng = registry.make(kind, model, "int8", threads=threads)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["int8"], "int8")
     gate.extra["ptq"] = qinfo
@@ -260,13 +272,13 @@ def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
     from pipeline.engines import registry
 
     sc = ctx.cfg.server
-    rows = registry.rank(candidates, x, batch_size=sc.perf.batch_size, warmup=sc.perf.warmup,
+    rows = registry.rank(candidates, x, batch_size=ctx.batches["perf"], warmup=sc.perf.warmup,
                          repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
     key = (lambda r: r["latency_ms"]["p50"]) if sc.recommend.by == "latency" else (lambda r: -r["throughput_sps"])
     best = min(rows, key=key)
     model = {"paddle-inference": "server/fp32/inference"}.get(best["engine"], "server/onnx/model.onnx")
     log.info("[server] recommended engine: %s (batch-1 p50 %.3f ms, %.0f samples/s at batch %d; ranked by %s)",
-             best["engine"], best["latency_ms"]["p50"], best["throughput_sps"], sc.perf.batch_size, sc.recommend.by)
+             best["engine"], best["latency_ms"]["p50"], best["throughput_sps"], ctx.batches["perf"], sc.recommend.by)
     return {"engine": best["engine"], "precision": "fp32", "model": model, "by": sc.recommend.by,
             "settings": tuning.get(best["engine"], {}), "ranking": rows,
             "tuning": tuning}
@@ -302,11 +314,11 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
     q = ctx.cfg.server.quant
     out_dir = ctx.out_dir / "models" / "int8"
-    qprefix = quant.quantize_ptq(prefix, out_dir, calib, algo=q.algo, batch_size=q.batch_size,
+    qprefix = quant.quantize_ptq(prefix, out_dir, calib, algo=q.algo, batch_size=ctx.batches["quant"],
                                  batch_nums=q.batch_nums, onnx_format=q.onnx_format, skip_tensor_list=q.skip or None)
     eng = pi.InferenceEngine(qprefix, "int8", **common)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, tol, "int8")
-    gate.extra["ptq"] = {"algo": q.algo, "calibration_samples": int(min(len(calib), q.batch_size * q.batch_nums)),
+    gate.extra["ptq"] = {"algo": q.algo, "calibration_samples": int(min(len(calib), ctx.batches["quant"] * q.batch_nums)),
                          "skipped_layers": list(q.skip)}
     if gate.status == FAIL and q.sensitivity_on_fail:
         log.info("[server] int8 gate failed: ranking layers and checking skip sets (server.quant.sensitivity_on_fail)")
@@ -336,11 +348,11 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
 
     def requantize(skip: list[str]) -> str:
         return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,
-                                  batch_size=q.batch_size, batch_nums=q.batch_nums, onnx_format=q.onnx_format,
+                                  batch_size=ctx.batches["quant"], batch_nums=q.batch_nums, onnx_format=q.onnx_format,
                                   skip_tensor_list=sorted(set(skip) | set(q.skip)))
 
     def judge(p: str) -> dict:
-        out = pi.InferenceEngine(p, "int8", **common).run_batched(x, 64)
+        out = pi.InferenceEngine(p, "int8", **common).run_batched(x, ctx.batches["gate"])
         value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
         g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
                          tol, value, task, key="server.gates.int8")

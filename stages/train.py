@@ -19,7 +19,8 @@ import numpy as np
 from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.errors import ConfigError, DataError, NonFiniteError
-from pipeline.gates import FAIL, OK, Check, Gate
+from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
+from pipeline.models import imported
 from pipeline.preprocess import to_tensor
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
@@ -52,6 +53,10 @@ def check_data(cfg, ds) -> None:
     n = len(ds.train.labels)
     if n == 0 or len(ds.val.labels) == 0:
         raise DataError("training or validation set is empty", hint="check data.path / data.num_*")
+    from pipeline.tasks.base import has_labels
+    if not has_labels(ds.train.labels):
+        raise ConfigError(f"data.source={cfg.data.source} has no labels: there is nothing to train on",
+                          hint="import the model as it is (model.source=inference) or give labelled data")
     if tr.batch_size > n:
         raise ConfigError(f"train.batch_size {tr.batch_size} (the global batch) is larger than the training set "
                           f"({n} samples)", hint=f"set train.batch_size <= {n}")
@@ -161,6 +166,8 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.train_loop import predict, require_visualdl, train_model
 
     cfg = ctx.cfg
+    if cfg.model.source == "inference":
+        return import_model(ctx)
     if cfg.train.visualdl:
         require_visualdl()                  # missing package: fail now, not after training
     task = get_task(cfg.task, cfg.section("detection")["detection"])
@@ -170,11 +177,13 @@ def run(ctx: StageContext) -> StageResult:
     ds = task.load_data(cfg.section("data")["data"], cfg.seed)
     check_data(cfg, ds)
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
-    model = task.build_model(cfg.section("model")["model"], ds.info)
+    model, pretrained = imported.build(task, cfg.section("model")["model"], ds.info)
     first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
     shape = output_shape(model, first, task, cfg.model.name)
     if hasattr(task, "check_output_shape"):
         task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
+    _note_output_kind(task, model, first)
+    initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     classes = shape[-1]
     if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
         check_labels(classes, ds.train.labels, "training set")
@@ -183,8 +192,9 @@ def run(ctx: StageContext) -> StageResult:
     plan, precheck_diff = precheck_amp(cfg, model, plan, first)
 
     best_state, history, train_info = train_model(ctx, task, model, ds, spec, plan, device)
+    moved = check_weights_moved(model, initial, best_state, cfg.train.lr)
     # the reference outputs come from a plain fp32 model holding the exported weights (not the O2 model)
-    model = task.build_model(cfg.section("model")["model"], ds.info)
+    model, _ = imported.build(task, cfg.section("model")["model"], ds.info, load_pretrained=False)
     amp.load_state(model, best_state)
     bn_info = None
     if cfg.train.bn_recalibrate:       # before the reference outputs: every later stage sees these statistics
@@ -195,11 +205,82 @@ def run(ctx: StageContext) -> StageResult:
         log.info("[train] BatchNorm statistics re-estimated: %d layers, %d batches", bn_info["layers"],
                  bn_info["batches"])
 
+    val_x, val_out, val_metrics, k = write_reference(ctx, task, model, ds, spec)
+    atomic_write_bytes(ctx.out_dir / "model.pdparams", checkpoint.stable_state_bytes(best_state))
+    write_info(ctx, task, ds, spec)
+    atomic_write_text(ctx.out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+
+    metric = task.primary_metric
+    value = val_metrics[metric]
+    gate = metric_gate(cfg, "dygraph validation", metric, value, plan.requested, plan.effective)
+    if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
+        gate.reason = plan.reason
+    if gate.status == FAIL and value is not None:
+        diagnosis = _bn_diagnosis(cfg, task, model, val_x, ds.val.labels, gate)
+        gate.reason = "; ".join(filter(None, [gate.checks[0].describe(), diagnosis, gate.reason]))
+    gate.seconds = sum(h["seconds"] for h in history)
+    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
+    gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
+    return StageResult(
+        gates=[gate],
+        precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
+        metrics={**val_metrics, **moved, "epochs": len(history), "best_epoch": train_info["best_epoch"],
+                 "skipped_steps": sum(h["skipped_steps"] for h in history),
+                 "scaler_skipped_steps": sum(h.get("scaler_skipped_steps", 0) for h in history),
+                 "nonfinite_loss_steps": sum(h.get("nonfinite_loss_steps", 0) for h in history),
+                 "samples_per_s": gate.extra["samples_per_s"],
+                 "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
+                 "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
+        info={"pretrained": pretrained, "bn_recalibrated": bn_info, "device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
+              "per_process_batch": train_info["per_process_batch"], "lr": train_info["lr"],
+              "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
+    )
+
+
+def _note_output_kind(task, model, x: np.ndarray) -> None:
+    """A model ending in softmax (PaddleOCR's recognizers) gets a loss and gates that know it."""
+    from pipeline.train_loop import predict
+
+    if hasattr(task, "outputs"):
+        from pipeline.tasks.recognition import is_probabilities
+        if is_probabilities(predict(model, x[:4])):
+            task.outputs = "probabilities"
+            log.info("[train] the model outputs probabilities (softmax): CTC gets log-probabilities, gates compare "
+                     "log-probabilities")
+
+
+def check_weights_moved(model, initial: dict, final: dict, lr: float) -> dict:
+    """A training run that changed no weight fails, naming the likely cause (a jit.load-ed program's
+    outputs with stop_gradient=True were the real case): exit 0 with the start weights is worse than an error."""
+    changed, total = imported.changed_tensors(initial, final)
+    if total and changed == 0:
+        raise NonFiniteError(f"train: no weight changed in training (0 of {total} tensors): "
+                             f"{imported.unchanged_cause(model, lr)}")
+    log.info("[train] %d of %d weight tensors changed (%.1f %%)", changed, total, 100.0 * changed / max(total, 1))
+    return {"tensors_changed": changed, "tensors_total": total}
+
+
+def metric_gate(cfg, subject: str, metric: str, value, requested: str, effective: str) -> Gate:
+    """validation metric >= train.min_metric; without labels the gate says so (SKIPPED) instead of a number."""
+    gate = Gate("train", subject, requested, effective, metric, value=value)
+    if value is None:
+        gate.status, gate.reason = SKIPPED, (f"no labels (data.source={cfg.data.source}): {metric} not measured; "
+                                             "the parity gates of later stages still hold")
+        return gate
+    gate.checks = [Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric, key="train.min_metric")]
+    gate.status = OK if gate.checks[0].passed else FAIL
+    return gate
+
+
+def write_reference(ctx, task, model, ds, spec):
+    """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (INT8 calibration inputs)."""
+    from pipeline.train_loop import predict
+
+    cfg = ctx.cfg
     val_x = to_tensor(ds.val.images, spec)
-    val_out = predict(model, val_x)
-    val_metrics = task.metrics(val_out, ds.val.labels)
+    val_out = predict(model, val_x, batch=16)
     if not np.isfinite(val_out).all():
-        raise NonFiniteError("train: the best model produces NaN/Inf on the validation set",
+        raise NonFiniteError("train: the model produces NaN/Inf on the validation set",
                              hint="lower train.lr or black-list exp/softmax under AMP")
     k = min(cfg.train.val_slice, len(val_x))
     buf = io.BytesIO()
@@ -210,41 +291,72 @@ def run(ctx: StageContext) -> StageResult:
     buf = io.BytesIO()
     np.savez(buf, inputs=to_tensor(ds.train.images[:n_cal], spec))
     atomic_write_bytes(ctx.out_dir / "calib.npz", buf.getvalue())
-    atomic_write_bytes(ctx.out_dir / "model.pdparams", checkpoint.stable_state_bytes(best_state))
-    info = {"task": cfg.task, "model": cfg.section("model")["model"], "labels_info": ds.info,
-            "preprocess": spec, "postprocess": task.postprocess_spec(ds.info),
-            "primary_metric": task.primary_metric, "input_shape": [-1, spec.get("channels", 1), spec["height"], spec["width"]]}
-    atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
-    atomic_write_text(ctx.out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    return val_x, val_out, task.metrics(val_out, ds.val.labels), k
 
+
+def write_info(ctx, task, ds, spec, **extra) -> dict:
+    cfg = ctx.cfg
+    width = -1 if spec.get("dynamic_width") else spec["width"]
+    info = {"task": cfg.task, "model": cfg.section("model")["model"], "labels_info": ds.info,
+            "preprocess": spec, "postprocess": task.postprocess_spec(ds.info), "primary_metric": task.primary_metric,
+            "input_shape": [-1, spec.get("channels", 1), spec["height"], width], **extra}
+    atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
+    return info
+
+
+def _import_forward(model, x: np.ndarray, task, prefix) -> list[int]:
+    """One forward pass of the imported program: its output must fit the task (rank, classes, CTC steps)."""
+    import paddle
+
+    try:
+        with paddle.no_grad():
+            out = model(paddle.to_tensor(x[:1]))
+    except Exception as exc:                  # the program on our input: a configuration mismatch
+        raise ConfigError(f"model.path {prefix} fails on one input of shape {list(x[:1].shape)}: {_first_line(exc)}",
+                          hint="check data.channels / data.height / data.width against the model") from None
+    layout = getattr(task, "output_layout", None)
+    if layout and len(out.shape) != layout.count(",") + 1:
+        raise ConfigError(f"model.path {prefix} outputs shape {list(out.shape)}; the {task.name} task needs {layout}",
+                          hint="import a model of this task (task: ...) or change task")
+    return [int(d) for d in out.shape]
+
+
+def import_model(ctx) -> StageResult:
+    """model.source=inference: the train stage imports instead of training. The program's files are hashed
+    and copied, its signature checked against the task, and its fp32 outputs on the validation images become
+    the reference every later stage is gated on (labels optional: parity needs none)."""
+    import paddle
+    import shutil
+
+    cfg = ctx.cfg
+    task = get_task(cfg.task, cfg.section("detection")["detection"])
+    seed_everything(cfg.seed)
+    paddle.set_device("cpu")
+    data_cfg = cfg.section("data")["data"]
+    prefix = imported.resolve_prefix(cfg.model.path)
+    ds = task.load_data(data_cfg, cfg.seed)
+    spec = task.preprocess_spec(data_cfg, ds.info)
+    program_input = imported.check_input(prefix, spec, task.name)
+    model = paddle.jit.load(str(prefix))
+    model.eval()
+    first = to_tensor(ds.val.images[:4], spec)
+    shape = _import_forward(model, first, task, prefix)
+    if hasattr(task, "check_output_shape"):
+        task.check_output_shape(shape, ds.info)
+    _note_output_kind(task, model, first)
+    (ctx.out_dir / "imported").mkdir()
+    for suffix in imported.SUFFIXES:             # downstream stages read the run, never the user's folder
+        shutil.copy2(str(prefix) + suffix, ctx.out_dir / "imported" / ("inference" + suffix))
+    _, _, val_metrics, k = write_reference(ctx, task, model, ds, spec)
+    record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
+              "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
+              "inference_yml": imported.inference_yml(prefix)}
+    write_info(ctx, task, ds, spec, source="inference", imported=record)
     metric = task.primary_metric
-    value = val_metrics[metric]
-    gate = Gate("train", "dygraph validation", plan.requested, plan.effective, metric, value=value,
-                checks=[Check(metric, value, cfg.train.min_metric, ">=", value >= cfg.train.min_metric,
-                              key="train.min_metric")])
-    gate.status = OK if gate.checks[0].passed else FAIL
-    if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
-        gate.reason = plan.reason
-    if gate.status == FAIL:
-        diagnosis = _bn_diagnosis(cfg, task, model, val_x, ds.val.labels, gate)
-        gate.reason = "; ".join(filter(None, [gate.checks[0].describe(), diagnosis, gate.reason]))
-    gate.seconds = sum(h["seconds"] for h in history)
-    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
-    gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
-    return StageResult(
-        gates=[gate],
-        precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
-        metrics={**val_metrics, "epochs": len(history), "best_epoch": train_info["best_epoch"],
-                 "skipped_steps": sum(h["skipped_steps"] for h in history),
-                 "scaler_skipped_steps": sum(h.get("scaler_skipped_steps", 0) for h in history),
-                 "nonfinite_loss_steps": sum(h.get("nonfinite_loss_steps", 0) for h in history),
-                 "samples_per_s": gate.extra["samples_per_s"],
-                 "train_samples": int(len(ds.train.labels)), "val_samples": int(len(ds.val.labels)),
-                 "skipped_samples": int(ds.train.skipped + ds.val.skipped)},
-        info={"bn_recalibrated": bn_info, "device": device, "val_slice": k, "nproc": nproc, "global_batch": train_info["global_batch"],
-              "per_process_batch": train_info["per_process_batch"], "lr": train_info["lr"],
-              "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
-    )
+    gate = metric_gate(cfg, "imported program on validation", metric, val_metrics[metric], "float32", "float32")
+    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+                       metrics={**val_metrics, "val_samples": int(len(ds.val.labels))},
+                       info={"imported": record, "val_slice": k})
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),

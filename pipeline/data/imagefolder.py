@@ -91,3 +91,23 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
                             hint="add images or remove the folder")
     return (np.stack(images).astype(np.uint8), np.asarray(labels, dtype=np.int64),
             [d.name for d in class_dirs], skipped)
+
+
+def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") -> tuple[np.ndarray, int]:
+    """Every image under a folder (sorted, recursively; hidden files ignored) fitted to `spec`, without
+    labels → (uint8 images, skipped). For validating an imported model on a user's own images."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"data.path {root} is not a folder of images", hint="point data.path at a folder")
+    files = sorted(p for p in root.rglob("*") if _is_image(p, root))
+    images, skipped = [], 0
+    for f in files:
+        try:
+            images.append(read_image(f, spec))
+        except DataError:
+            if on_bad == "error":
+                raise
+            skipped += 1
+    if not images:
+        raise DataError(f"no readable images in {root}", hint=f"extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}")
+    return np.stack(images), skipped

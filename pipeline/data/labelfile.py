@@ -123,8 +123,8 @@ def read_label_lines(path: Path, what: str, on_bad: str, parse: Callable[[str], 
 
 
 def load_label_file(path: str | os.PathLike, charset: str, height: int, width: int,
-                    on_bad: str = "error",
-                    max_len: int | None = None) -> tuple[np.ndarray, list[str], int]:
+                    on_bad: str = "error", max_len: int | None = None,
+                    spec: dict | None = None) -> tuple[np.ndarray, list[str], int]:
     """Read a PaddleOCR rec label file → (uint8 [N, H, W], labels, skipped).
 
     Each bad line (missing TAB, empty label, unknown characters, too long, missing or
@@ -132,7 +132,7 @@ def load_label_file(path: str | os.PathLike, charset: str, height: int, width: i
     dropped and counted (see read_label_lines).
     """
     p = Path(path)
-    spec = {"height": height, "width": width, "resize": "pad_right"}
+    spec = spec or {"height": height, "width": width, "resize": "pad_right"}     # or the task's (e.g. PaddleOCR's)
 
     def parse(line: str) -> tuple[np.ndarray, str]:
         rel, label = _check_line(line, charset, max_len)

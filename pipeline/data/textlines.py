@@ -176,8 +176,9 @@ def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Ran
 
 def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len: int = 16,
                  fonts: list[str] | None = None,
-                 charset: str = DEFAULT_CHARSET) -> tuple[np.ndarray, list[str]]:
+                 charset: str = DEFAULT_CHARSET, resize: str = "pad_right") -> tuple[np.ndarray, list[str]]:
     """Render n text lines → (uint8 [n, height, width], labels). Same arguments → same bytes.
+    resize: preprocess.fit_image's rule (pad_right, or ppocr_rec for PaddleOCR's recognizers).
 
     Labels of render_lines(50, s) are the first 50 of render_lines(100, s); pixels are not
     (the noise is drawn for the whole batch at once, which is what makes it cheap).
@@ -188,7 +189,7 @@ def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len:
     rng = np.random.default_rng(seed)
     tables = load_fonts(list(fonts or []))
     glyphs = _Glyphs(tables)
-    spec = {"height": height, "width": width, "resize": "pad_right"}
+    spec = {"height": height, "width": width, "resize": resize}
     images = np.empty((n, height, width), dtype=np.uint8)
     labels: list[str] = []
     for i in range(n):
@@ -217,13 +218,15 @@ def _cache_key(params: dict, fonts: list[str]) -> str:
 
 def load_or_render(n: int, seed: int, height: int = 32, width: int = 256, max_len: int = 16,
                    fonts: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
-                   charset: str = DEFAULT_CHARSET) -> tuple[np.ndarray, list[str]]:
+                   charset: str = DEFAULT_CHARSET, resize: str = "pad_right") -> tuple[np.ndarray, list[str]]:
     """render_lines() with an .npz cache keyed by every parameter (and the renderer version)."""
     fonts = [str(f) for f in (fonts or [])]
     if cache_dir is None:
-        return render_lines(n, seed, height, width, max_len, fonts, charset)
+        return render_lines(n, seed, height, width, max_len, fonts, charset, resize)
     params = {"n": n, "seed": seed, "height": height, "width": width, "max_len": max_len,
               "fonts": fonts, "charset": charset, "version": RENDER_VERSION}
+    if resize != "pad_right":        # only then: existing caches stay valid
+        params["resize"] = resize
     cache = Path(cache_dir)
     target = cache / f"textlines-{_cache_key(params, fonts)}.npz"
     if target.is_file():
@@ -232,7 +235,7 @@ def load_or_render(n: int, seed: int, height: int = 32, width: int = 256, max_le
                 return z["images"], [str(s) for s in z["labels"]]
         except (OSError, ValueError, KeyError):
             pass   # a corrupt cache entry is re-rendered and overwritten below
-    images, labels = render_lines(n, seed, height, width, max_len, fonts, charset)
+    images, labels = render_lines(n, seed, height, width, max_len, fonts, charset, resize)
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=".textlines-", suffix=".tmp")
     try:

@@ -138,6 +138,12 @@ class InferenceEngine(Engine):
         cfg = pinf.Config(model, params)
         cfg.disable_glog_info()  # GLOG_minloglevel does not silence the pass printout
         cfg.switch_ir_optim(ir_optim)
+        # without it every intermediate tensor keeps its own buffer: PP-OCRv4 rec needs ~2.2 GB at batch 16
+        # (~0.5 GB with it; STACK.md), and the server stage was OOM-killed at 22 GB
+        cfg.enable_memory_optim()
+        # this pass dies with SIGILL (uncatchable) on transformer blocks (PP-OCRv4 rec's SVTR neck) on an AVX2
+        # CPU here; it only fuses attention, so it is off everywhere rather than guessed per CPU
+        cfg.delete_pass("self_attention_fuse_pass")
         if device == "gpu":
             self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch)
         else:
@@ -178,9 +184,6 @@ class InferenceEngine(Engine):
                     int8_ops: Iterable[str] | None) -> str:
         cfg.disable_gpu()
         cfg.set_cpu_math_library_num_threads(int(threads))
-        if "avx512f" not in capabilities.real_cpu_flags():
-            # this pass runs AVX-512 code on CPUs whose cpuid (not the OS) claims it: SIGILL on PP-OCRv4 rec
-            cfg.delete_pass("self_attention_fuse_pass")
         desc = _program_desc(self.model_prefix)
         quant = any("quantize" in op.type for op in desc.blocks[0].ops)
         fp16_emulated = any(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)
@@ -272,3 +275,11 @@ def convert_fp16_gpu(model_prefix: str | os.PathLike, out_prefix: str | os.PathL
     pinf.convert_to_mixed_precision(model, params, f"{out_prefix}.pdmodel", f"{out_prefix}.pdiparams",
                                     pinf.PrecisionType.Half, pinf.PlaceType.GPU, keep_io_types=True)
     return str(out_prefix)
+
+
+def program_io(model_prefix: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """(feed names, fetch names) of the main block, in order."""
+    block = _program_desc(model_prefix).blocks[0]
+    feeds = [a for op in block.ops if op.type == "feed" for o in op.outputs for a in o.arguments]
+    fetches = [a for op in block.ops if op.type == "fetch" for i in op.inputs for a in i.arguments]
+    return feeds, fetches

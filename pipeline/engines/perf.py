@@ -147,3 +147,27 @@ def program_macs(model_prefix: str | os.PathLike, batch: int = 1) -> int:
                 k = xs[-2] if (trans and len(xs) > 1) else xs[-1]
                 total += math.prod(shp(op, "Out", out=True)) * k
     return int(total)
+
+
+def activation_bytes(model_prefix: str | os.PathLike, input_shape: list[int]) -> int:
+    """Upper bound of the float activations one sample creates: every non-persistable float var of the program
+    at once (memory reuse only lowers it), batch dim 1, its first other dynamic dim as the input's largest
+    spatial size (a width-derived dim never exceeds the width). Sizes batches so a big model cannot run out
+    of memory; PP-OCRv4 rec at 48x320: 523 MB bound vs ~31 MB measured (STACK.md), small_cnn: 0.3 MB."""
+    desc = _program_desc(model_prefix)
+    fill = max([d for d in input_shape[2:] if d > 0] or [1])
+    total = 0
+    for v in desc.blocks[0].vars:
+        t = v.type.lod_tensor.tensor
+        if v.persistable or not t.dims or t.data_type not in (4, 5):       # FP16 = 4, FP32 = 5
+            continue
+        dyn = [i for i, d in enumerate(t.dims) if d < 0 and i > 0]
+        dims = [fill if dyn and i == dyn[0] else max(d, 1) for i, d in enumerate(t.dims)]
+        total += math.prod(dims) * (2 if t.data_type == 4 else 4)
+    return int(total)
+
+
+def batch_for(model_prefix: str | os.PathLike, input_shape: list[int], budget_mb: int, wanted: int) -> int:
+    """The largest batch <= wanted whose activations stay within budget_mb (at least 1)."""
+    per = max(1, activation_bytes(model_prefix, input_shape))
+    return max(1, min(int(wanted), int(budget_mb * 2 ** 20 // per)))

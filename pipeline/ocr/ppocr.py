@@ -6,7 +6,7 @@ resize_norm_img); RapidOCR (rapidocr_onnxruntime) applies the same ones. Images 
 uint8 [H, W, 3] in BGR order (a gray page is [H, W] and gets replicated to 3 channels).
 
 Detection preprocessing spec (infer_config.yaml `preprocess` of a detection bundle with resize: limit):
-    {"resize": "limit", "limit_side_len": 960, "limit_type": "max", "color": "BGR", "channels": 3,
+    {"resize": "limit", "limit_side_len": 960, "limit_type": "max", "channel_order": "BGR", "channels": 3,
      "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ def get_task(name: str, post: dict | None = None):
         return ClassificationTask()
     if name == "recognition":
         from .recognition import RecognitionTask
-        return RecognitionTask()
+        return RecognitionTask(post)
     if name == "detection":
         from .detection import DetectionTask
         return DetectionTask(post)

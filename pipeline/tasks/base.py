@@ -23,6 +23,17 @@ class Split:
     skipped: int = 0          # samples dropped by `data.on_bad_sample: skip`
 
 
+def unlabelled(n: int) -> np.ndarray:
+    """Labels of n samples without ground truth (data.source=images): an int64 [n, 0] array."""
+    return np.zeros((n, 0), dtype=np.int64)
+
+
+def has_labels(labels: np.ndarray) -> bool:
+    """False for unlabelled samples: metrics are then None (reported as such), never invented."""
+    labels = np.asarray(labels)
+    return labels.size > 0 and not (labels.ndim == 2 and labels.shape[1] == 0)
+
+
 @dataclass
 class Datasets:
     train: Split

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..data import chars
 from ..errors import ConfigError, DataError
-from .base import Datasets, Split
+from .base import Datasets, Split, has_labels, unlabelled
 
 
 class ClassificationTask:
@@ -23,6 +23,8 @@ class ClassificationTask:
             tr = chars.load_or_render(data_cfg["num_train"], seed, h, data_cfg["fonts"], data_cfg["cache_dir"])
             va = chars.load_or_render(data_cfg["num_val"], seed + 1, h, data_cfg["fonts"], data_cfg["cache_dir"])
             return Datasets(Split(*tr), Split(*va), {**info, "labels": chars.CLASSES})
+        if data_cfg["source"] == "images":
+            return self._unlabelled(data_cfg, info)
         from ..data.imagefolder import load_image_folder
         if not data_cfg["path"]:
             raise ConfigError("data.source is 'folder' but data.path is empty", hint="set data.path=/path/to/images")
@@ -38,6 +40,20 @@ class ClassificationTask:
         va, tr = order[:n_val], order[n_val:]
         return Datasets(Split(images[tr], labels[tr], skipped), Split(images[va], labels[va]), info)
 
+    def _unlabelled(self, data_cfg: dict, info: dict) -> Datasets:
+        """data.source=images: a folder of images without classes, for validating an imported model (parity
+        gates need no labels); the same images calibrate INT8 unless data.val_path names a second folder."""
+        from ..data.imagefolder import load_unlabelled
+
+        if not data_cfg["path"]:
+            raise ConfigError("data.source is 'images' but data.path is empty", hint="set data.path=/path/to/images")
+        spec = self.preprocess_spec(data_cfg, info)
+        images, skipped = load_unlabelled(data_cfg["path"], spec, data_cfg["on_bad_sample"])
+        vi, vskip = load_unlabelled(data_cfg["val_path"], spec, data_cfg["on_bad_sample"]) if data_cfg["val_path"] \
+            else (images, 0)
+        return Datasets(Split(images, unlabelled(len(images)), skipped), Split(vi, unlabelled(len(vi)), vskip),
+                        {**info, "labels": []})
+
     def build_model(self, model_cfg: dict, info: dict):
         from ..models.registry import build_model
         h, w = info.get("height", 32), info.get("width", 32)
@@ -50,6 +66,8 @@ class ClassificationTask:
         return F.cross_entropy(logits.astype("float32"), labels)
 
     def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        if not has_labels(labels):          # no ground truth: say so (None), never invent a number
+            return {"accuracy": None}
         pred = outputs.reshape(len(outputs), -1).argmax(axis=1)
         return {"accuracy": float((pred == labels).mean()) if len(labels) else 0.0}
 
@@ -70,7 +88,8 @@ class ClassificationTask:
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         idx = probs.argmax(axis=1)
-        return [{"label": info["labels"][i], "index": int(i), "score": float(probs[k, i])} for k, i in enumerate(idx)]
+        names = info.get("labels") or []              # an unlabelled import knows no class names
+        return [{"label": names[i] if i < len(names) else str(i), "index": int(i), "score": float(probs[k, i])} for k, i in enumerate(idx)]
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
         return {"height": data_cfg["height"], "width": data_cfg["width"], "channels": data_cfg["channels"],

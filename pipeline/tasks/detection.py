@@ -128,7 +128,7 @@ class DetectionTask:
         size = {"height": int(data_cfg["height"]), "width": int(data_cfg["width"])}
         if self.pre.get("resize") == "limit":
             return {**size, "resize": "limit", "limit_side_len": int(self.pre["limit_side_len"]),
-                    "limit_type": self.pre["limit_type"], "channels": 3, "color": "BGR",
+                    "limit_type": self.pre["limit_type"], "channels": 3, "channel_order": "BGR",
                     "mean": [float(v) for v in self.pre["mean"]], "std": [float(v) for v in self.pre["std"]]}
         return {**size, "channels": int(data_cfg.get("channels", 1)), "mean": 0.5, "std": 0.5,
                 "resize": "stretch", "color": "L"}

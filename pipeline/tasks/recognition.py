@@ -1,8 +1,10 @@
 """Built-in task 2: invoice text-line recognition with a CTC-trained CRNN.
 
-Data: synthetic invoice lines (pipeline/data/textlines.py) or a user's PaddleOCR label
-file (pipeline/data/labelfile.py). Labels are int64 [N, max_len], class = charset index + 1,
-padded with -1; class 0 is the CTC blank. Outputs are logits [N, T, num_classes].
+Data: synthetic invoice lines (pipeline/data/textlines.py), a user's PaddleOCR label file
+(pipeline/data/labelfile.py) or a folder of unlabelled line images. Labels are int64 [N, max_len],
+class = charset index + 1, padded with -1; class 0 is the CTC blank. Outputs are logits [N, T, num_classes],
+or probabilities (PaddleOCR's exported recognizers end in softmax): the loss and the gates then work on
+log-probabilities (see `log_probs`).
 """
 from __future__ import annotations
 
@@ -15,9 +17,39 @@ from ..data.textlines import DEFAULT_CHARSET, load_or_render
 from ..errors import ConfigError, DataError
 from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
                             seq_accuracy)
-from .base import Datasets, Split
+from .base import Datasets, Split, has_labels, unlabelled
 
-_SOURCES = ("synthetic", "folder", "pages")
+_SOURCES = ("synthetic", "folder", "pages", "images")
+# Probabilities are compared as log(max(p, floor)): a difference in log space is a difference in logits
+# (the space fp32 tolerances were measured in); below the floor a class is out of the race either way.
+PROB_FLOOR = 1e-6
+
+
+def is_probabilities(outputs: np.ndarray) -> bool:
+    """PaddleOCR's exported recognizers end in softmax: every row is >= 0 and sums to 1."""
+    o = np.asarray(outputs, dtype=np.float64)
+    return bool(o.size) and o.min() >= 0.0 and o.max() <= 1.0 + 1e-6 and \
+        bool(np.allclose(o.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def log_probs(outputs: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(np.asarray(outputs, dtype=np.float32), PROB_FLOOR))
+
+
+def charset_of(cfg: dict) -> str:
+    """The charset file (or the built-in one), plus PaddleOCR's appended space with data.use_space_char
+    (CTCLabelDecode: blank at 0, dictionary, then " ")."""
+    charset = load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+    if cfg.get("use_space_char") and " " not in charset:
+        charset += " "
+    return charset
+
+
+def data_spec(cfg: dict) -> dict:
+    """How data sets are fitted: the serving spec, but at a fixed width (arrays of one shape)."""
+    ppocr = cfg.get("preprocess") == "ppocr"
+    return {"height": int(cfg["height"]), "width": int(cfg["width"]),
+            "resize": "ppocr_rec" if ppocr else "pad_right", "color": "bgr" if ppocr else "gray"}
 
 
 def _check_geometry(cfg: dict) -> None:
@@ -46,22 +78,59 @@ def _split_fraction(images: np.ndarray, labels: list[str], fraction: float,
     return pick(train_idx), pick(val_idx)
 
 
+def _info(cfg: dict, charset: str, source: str) -> dict[str, Any]:
+    return {"charset": charset, "max_len": int(cfg["max_len"]), "source": source, "height": int(cfg["height"]),
+            "width": int(cfg["width"]), "channels": int(cfg.get("channels", 1)), "num_classes": len(charset) + 1,
+            "use_space_char": bool(cfg.get("use_space_char"))}
+
+
+def _color_ref(cfg: dict) -> bool:
+    return data_spec(cfg)["color"] == "bgr"
+
+
+def _like(images: np.ndarray, color: bool) -> np.ndarray:
+    """Rendered lines are grey [N, H, W]; a colour (bgr) model gets them as RGB [N, H, W, 3]."""
+    if color and images.ndim == 3:
+        return np.repeat(images[..., None], 3, axis=3)
+    return images
+
+
+def _unlabelled_lines(cfg: dict, charset: str) -> Datasets:
+    """data.source=images: line images without text. Parity gates need no labels; metric gates say so.
+    Nothing is trained on them: the same images serve as INT8 calibration set unless data.val_path names
+    a second folder for validation."""
+    from ..data.imagefolder import load_unlabelled
+
+    if not cfg.get("path"):
+        raise ConfigError("data.source is 'images' but data.path (a folder of line images) is empty",
+                          hint="set data.path=/path/to/line/images")
+    spec = data_spec(cfg)
+    images, skipped = load_unlabelled(cfg["path"], spec, cfg["on_bad_sample"])
+    vi, vskip = load_unlabelled(cfg["val_path"], spec, cfg["on_bad_sample"]) if cfg.get("val_path") else (images, 0)
+    return Datasets(train=Split(images, unlabelled(len(images)), skipped), val=Split(vi, unlabelled(len(vi)), vskip),
+                    info=_info(cfg, charset, "images"))
+
+
 class RecognitionTask:
     name = "recognition"
     primary_metric = "seq_accuracy"
     output_layout = "[N, T, classes]"   # rank checked with one forward pass before training
+
+    def __init__(self, post: dict | None = None):
+        # "probabilities": the model ends in softmax (PaddleOCR exports); detected on its first output
+        self.outputs = (post or {}).get("outputs", "logits")
 
     # ------------------------------------------------------------------ data
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         cfg = data_cfg
         _check_geometry(cfg)
         height, width, max_len = int(cfg["height"]), int(cfg["width"]), int(cfg["max_len"])
-        charset = load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+        charset = charset_of(cfg)
         source = cfg["source"]
         skipped = {"train": 0, "val": 0}
         if source == "synthetic":
             common = dict(height=height, width=width, max_len=max_len, fonts=list(cfg.get("fonts") or []),
-                          cache_dir=cfg.get("cache_dir"), charset=charset)
+                          cache_dir=cfg.get("cache_dir"), charset=charset, resize=data_spec(cfg)["resize"])
             # different seeds: validation lines are never copies of training lines
             train = load_or_render(int(cfg["num_train"]), seed, **common)
             val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
@@ -80,7 +149,7 @@ class RecognitionTask:
             if not cfg.get("path"):
                 raise ConfigError("data.source is 'folder' but data.path (the label file) is empty")
             read = dict(charset=charset, height=height, width=width, on_bad=cfg["on_bad_sample"],
-                        max_len=max_len)
+                        max_len=max_len, spec=data_spec(cfg))
             images, labels, skipped["train"] = load_label_file(cfg["path"], **read)
             if cfg.get("val_path"):
                 train = (images, labels)
@@ -88,14 +157,21 @@ class RecognitionTask:
                 val = (vi, vl)
             else:
                 train, val = _split_fraction(images, labels, float(cfg["val_fraction"]), seed)
+        elif source == "images":
+            return _unlabelled_lines(cfg, charset)
         else:
             raise ConfigError(f"data.source must be one of {_SOURCES} for recognition, got {source!r}")
+        color = _color_ref(cfg)
+        train, val = (_like(train[0], color), train[1]), (_like(val[0], color), val[1])
+        if source != "folder" and cfg.get("val_path"):      # real labelled lines next to the rendered ones
+            vi, vl, skipped["val"] = load_label_file(cfg["val_path"], charset=charset, height=height, width=width,
+                                                     on_bad=cfg["on_bad_sample"], max_len=max_len, spec=data_spec(cfg))
+            val = (np.concatenate([vi, val[0]]), [*vl, *val[1]])
         if len(train[1]) == 0 or len(val[1]) == 0:
             raise DataError(f"recognition needs non-empty train and validation sets, got "
                             f"{len(train[1])} and {len(val[1])} lines",
                             hint="raise data.num_train / data.num_val")
-        info: dict[str, Any] = {"charset": charset, "max_len": max_len, "source": source,
-                                "height": height, "width": width, "channels": int(cfg.get("channels", 1)), "num_classes": len(charset) + 1}
+        info = _info(cfg, charset, source)
         return Datasets(
             train=Split(train[0], encode_labels(train[1], charset, max_len), skipped["train"]),
             val=Split(val[0], encode_labels(val[1], charset, max_len), skipped["val"]),
@@ -116,9 +192,8 @@ class RecognitionTask:
         case (a blank between repeated characters), else some labels are unlearnable (inf loss)."""
         classes, width, max_len = len(info["charset"]) + 1, int(info["width"]), int(info["max_len"])
         if len(shape) != 3 or shape[2] != classes:
-            raise ConfigError(f"recognition models must output logits [N, T, {classes}] "
-                              f"(charset + CTC blank), this one outputs {list(shape)}",
-                              hint="check model.name / the model's head size")
+            raise ConfigError(f"recognition models must output [N, T, {classes}] (charset of {classes - 1} + "
+                              f"CTC blank), this one outputs {list(shape)}", hint=_classes_hint(shape, info))
         steps, need = int(shape[1]), 2 * max_len - 1
         if steps < need:
             per = width / max(steps, 1)
@@ -130,6 +205,9 @@ class RecognitionTask:
     def loss(self, logits, labels):
         import paddle
         import paddle.nn.functional as F
+
+        if self.outputs == "probabilities":      # warpctc applies softmax itself: softmax(log p) = p
+            logits = paddle.log(paddle.clip(paddle.cast(logits, "float32"), min=PROB_FLOOR))
 
         # CTC stays FP32 even under AMP: its forward/backward run log-sum-exp recursions over
         # T steps; in fp16 the per-step probabilities underflow to 0 (loss = inf) and the
@@ -145,7 +223,13 @@ class RecognitionTask:
                           blank=0, reduction="mean")
 
     # ------------------------------------------------------------------ numpy side
-    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    def comparable(self, outputs: np.ndarray) -> np.ndarray:
+        """The space gates compare in: logits as they are, probabilities as log-probabilities."""
+        return log_probs(outputs) if self.outputs == "probabilities" else outputs
+
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+        if not has_labels(labels):       # no ground truth: say so (None), never invent a number
+            return {"seq_accuracy": None, "char_accuracy": None}
         # compared as class-index tuples: no charset needed, and identical to comparing strings
         preds = [tuple(p) for p in ctc_greedy_decode(np.asarray(outputs))]
         gts = [tuple(int(v) for v in row if v >= 0) for row in np.asarray(labels)]
@@ -170,12 +254,22 @@ class RecognitionTask:
         return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
 
     def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
-        return {"height": int(data_cfg["height"]), "width": int(data_cfg["width"]),
-                "channels": int(data_cfg.get("channels", 1)),
-                "mean": 0.5, "std": 0.5, "resize": "pad_right"}
+        spec = {**data_spec(data_cfg), "channels": int(data_cfg.get("channels", 1)), "mean": 0.5, "std": 0.5}
+        if data_cfg.get("preprocess") == "ppocr":      # exported [N, 3, H, -1]: each line at its own width
+            spec.update(channels=3, dynamic_width=True)
+        return spec
 
     def postprocess_spec(self, info: dict) -> dict:
-        return {"type": "ctc_greedy", "blank": 0, "charset": info["charset"]}
+        return {"type": "ctc_greedy", "blank": 0, "charset": info["charset"], "outputs": self.outputs,
+                "use_space_char": bool(info.get("use_space_char"))}
+
+
+def _classes_hint(shape: list[int], info: dict) -> str:
+    """PaddleOCR's dictionaries are one class short of their models: CTCLabelDecode appends a space."""
+    if len(shape) == 3 and shape[2] == len(info["charset"]) + 2 and not info.get("use_space_char"):
+        return ("the model has one class more than charset + blank: PaddleOCR appends a space to its dictionary "
+                "(use_space_char); set data.use_space_char=true")
+    return "check model.name / the model's head size, data.charset and data.use_space_char"
 
 
 def labels_to_strings(labels: np.ndarray, charset: str) -> list[str]:

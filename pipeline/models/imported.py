@@ -1,0 +1,168 @@
+"""Models that arrive as files: an exported inference program (model.source=inference, or model.pretrained
+pointing at one) and pretrained .pdparams (model.pretrained, PaddleOCR's Global.pretrained_model).
+
+Two Paddle 2.6 traps of `paddle.jit.load` are handled here, not by callers: a TranslatedLayer's outputs
+come back with stop_gradient=True (backward reaches no parameter), and a parent's .train() does not
+reach its `_is_test`, so it keeps running the inference program (BatchNorm statistics, no dropout).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ..errors import ConfigError
+
+SUFFIXES = (".pdmodel", ".pdiparams")
+
+
+def resolve_prefix(path: str | Path, key: str = "model.path") -> Path:
+    """A folder holding inference.pdmodel/.pdiparams, their path prefix, or either file → the prefix."""
+    p = Path(path)
+    if p.suffix in SUFFIXES:
+        p = p.with_suffix("")
+    prefix = p / "inference" if p.is_dir() else p
+    missing = [str(prefix) + s for s in SUFFIXES if not Path(str(prefix) + s).is_file()]
+    if missing:
+        raise ConfigError(f"{key} {path}: no exported model there ({missing[0]} not found)",
+                          hint=f"set {key} to the folder of inference.pdmodel/.pdiparams or their path prefix")
+    return prefix
+
+
+def is_inference_model(path: str | Path) -> bool:
+    p = Path(path)
+    if p.suffix == ".pdparams":
+        return False
+    return any(Path(str(q) + ".pdmodel").is_file() for q in (p / "inference", p.with_suffix("")))
+
+
+def file_hashes(prefix: Path) -> dict[str, str]:
+    out = {}
+    for s in SUFFIXES:
+        h = hashlib.sha256()
+        with open(str(prefix) + s, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out[Path(str(prefix) + s).name] = h.hexdigest()
+    return out
+
+
+def inference_yml(prefix: Path) -> dict | None:
+    """PaddleOCR writes inference.yml beside its export (PreProcess / PostProcess); read it as hints."""
+    import yaml
+
+    f = prefix.parent / "inference.yml"
+    if not f.is_file():
+        return None
+    try:
+        doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{f} is not readable YAML ({type(exc).__name__})", hint="fix or remove it") from None
+    post = doc.get("PostProcess") or {}
+    chars = post.get("character_dict") or []
+    return {"file": f.name, "preprocess": doc.get("PreProcess"), "postprocess_name": post.get("name"),
+            "dictionary_size": len(chars) if isinstance(chars, list) else None}
+
+
+def check_input(prefix: Path, spec: dict, task: str) -> list[int]:
+    """The program's one feed must be [N, C, H, W] with the configured channels (and H, W where fixed)."""
+    from ..engines.paddle_infer import program_input_shape, program_io
+
+    feeds, fetches = program_io(prefix)
+    if len(feeds) != 1 or len(fetches) != 1:
+        raise ConfigError(f"model.path {prefix}: the program has inputs {feeds} and outputs {fetches}; the "
+                          f"{task} task needs exactly one of each", hint="export a single-input/single-output model")
+    shape = program_input_shape(prefix)
+    want = [spec.get("channels", 1), spec["height"], spec["width"]]
+    names = ("channels", "height", "width")
+    bad = [(n, d, w) for n, d, w in zip(names, shape[1:], want) if d > 0 and d != w]
+    if len(shape) != 4 or bad:
+        what = f"rank {len(shape)}" if len(shape) != 4 else ", ".join(f"{n} {d} (data.{n}={w})" for n, d, w in bad)
+        raise ConfigError(f"model.path {prefix}: input {feeds[0]} is {shape}, which does not fit the {task} data: "
+                          f"{what}", hint="set data.channels / data.height / data.width to the model's input")
+    return shape
+
+
+class Trainable:
+    """Marker base for layers wrapping a jit.load-ed program (export re-saves the inner program)."""
+
+
+def trainable(prefix: Path):
+    """paddle.jit.load(prefix) made fine-tunable: outputs join the autograd graph, and the wrapped program
+    follows the wrapper's train()/eval() (its `_is_test` is set on every call)."""
+    import paddle
+
+    class TrainableProgram(paddle.nn.Layer, Trainable):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            self.inner._is_test = not self.training      # a parent's .train() never reaches it
+            out = self.inner(x)
+            if self.training:
+                out.stop_gradient = False                # else backward stops here: no weight moves
+            return out
+
+    return TrainableProgram(paddle.jit.load(str(prefix)))
+
+
+def load_params(model, path: str | Path, allow_partial: bool) -> dict:
+    """Load a .pdparams by parameter name; report missing, unexpected and shape-mismatched keys and
+    refuse a partial load unless model.allow_partial (PaddleOCR's load_pretrained_params does the same)."""
+    import paddle
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"model.pretrained {p} does not exist", hint="a .pdparams file or an inference model folder")
+    try:
+        state = paddle.load(str(p))
+    except Exception as exc:                 # pickle/protobuf errors: not a parameter file
+        raise ConfigError(f"model.pretrained {p} is not a Paddle parameter file ({type(exc).__name__})",
+                          hint="save it with paddle.save(layer.state_dict(), path)") from None
+    own = model.state_dict()
+    report = {"missing": sorted(set(own) - set(state)), "unexpected": sorted(set(state) - set(own)),
+              "shape_mismatch": sorted(k for k in set(own) & set(state)
+                                       if list(own[k].shape) != list(state[k].shape))}
+    bad = {k: v for k, v in report.items() if v}
+    if bad and not allow_partial:
+        what = "; ".join(f"{len(v)} {k.replace('_', ' ')} (e.g. {v[0]})" for k, v in bad.items())
+        raise ConfigError(f"model.pretrained {p.name}: partial load refused: {what}",
+                          hint="fix model.name/model.args to match the checkpoint, or set model.allow_partial=true")
+    model.set_state_dict({k: v for k, v in state.items() if k in own and k not in report["shape_mismatch"]})
+    report["loaded"] = len(own) - len(report["missing"]) - len(report["shape_mismatch"])
+    return report
+
+
+def build(task, model_cfg: dict, info: dict, load_pretrained: bool = True):
+    """The model `train` trains and `export` saves: model.pretrained as an inference program (made trainable),
+    or the builder's Layer with model.pretrained .pdparams loaded by name → (layer, report or None)."""
+    pre = model_cfg.get("pretrained")
+    if pre and is_inference_model(pre):
+        return trainable(resolve_prefix(pre, "model.pretrained")), {"kind": "inference program", "path": str(pre)}
+    model = task.build_model(model_cfg, info)
+    if pre and load_pretrained:
+        return model, {"kind": "pdparams", "path": str(pre), **load_params(model, pre, model_cfg["allow_partial"])}
+    return model, None
+
+
+def changed_tensors(before: dict, after: dict) -> tuple[int, int]:
+    """(tensors whose values differ, tensors compared) between two state dicts of numpy arrays."""
+    import numpy as np
+
+    keys = [k for k in before if k in after]
+    return sum(not np.array_equal(before[k], np.asarray(after[k])) for k in keys), len(keys)
+
+
+def unchanged_cause(model, lr: float) -> str:
+    """Why a training run moved no weight: the likeliest cause first."""
+    from paddle.jit.translated_layer import TranslatedLayer
+
+    loaded = [n for n, m in model.named_sublayers(include_self=True) if isinstance(m, TranslatedLayer)]
+    if loaded and not isinstance(model, Trainable):
+        return (f"the model holds a paddle.jit.load-ed program ({loaded[0] or 'the model itself'}): its outputs come "
+                "back with stop_gradient=True and a parent's train() does not reach it; give its folder as "
+                "model.pretrained instead, which handles both")
+    params = model.parameters()
+    if params and all(p.stop_gradient for p in params):
+        return "every parameter has stop_gradient=True (frozen): unfreeze the layers to fine-tune"
+    return f"no gradient reached the weights, or train.lr={lr:g} is too small to change a float32 value"

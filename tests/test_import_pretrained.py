@@ -1,0 +1,217 @@
+"""Importing exported models (model.source=inference), pretrained weights (model.pretrained), the weights-moved
+check, PaddleOCR recognition conventions (use_space_char, probabilities, ppocr preprocessing, dynamic width)."""
+import numpy as np
+import paddle
+import pytest
+from PIL import Image
+
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, NonFiniteError
+from pipeline.models import imported
+from pipeline.preprocess import PPOCR_PAD, fit_image, to_tensor
+from pipeline.tasks.recognition import RecognitionTask, charset_of, is_probabilities, log_probs
+
+from clirun import ROOT, pipeline_cli
+
+
+class _Tiny(paddle.nn.Layer):
+    def __init__(self, classes=5):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 4, 3, padding=1)
+        self.fc = paddle.nn.Linear(4, classes)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean(axis=[2, 3]))
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    """A small exported classifier: [N, 1, 16, 16] → [N, 5] logits."""
+    from paddle.static import InputSpec
+
+    paddle.seed(0)
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    folder.mkdir()
+    layer = _Tiny()
+    layer.eval()
+    paddle.jit.save(layer, str(folder / "inference"), input_spec=[InputSpec([None, 1, 16, 16], "float32", "x")])
+    return folder
+
+
+# ------------------------------------------------------------------ import: paths and signatures
+def test_resolve_prefix_accepts_folder_prefix_and_file(tiny_export):
+    for given in (tiny_export, tiny_export / "inference", tiny_export / "inference.pdmodel"):
+        assert imported.resolve_prefix(given) == tiny_export / "inference"
+
+
+def test_missing_model_is_one_config_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        imported.resolve_prefix(tmp_path)
+    assert "model.path" in e.value.message and "inference.pdmodel" in e.value.message
+
+
+def test_source_inference_without_path_is_refused():
+    with pytest.raises(ConfigError, match="model.path is empty"):
+        load_config(overrides=["model.source=inference"])
+
+
+@pytest.mark.parametrize("spec, words", [({"channels": 3, "height": 16, "width": 16}, "channels 1 (data.channels=3)"),
+                                         ({"channels": 1, "height": 32, "width": 16}, "height 16 (data.height=32)")])
+def test_input_signature_mismatch_names_the_key(tiny_export, spec, words):
+    with pytest.raises(ConfigError) as e:
+        imported.check_input(imported.resolve_prefix(tiny_export), spec, "classification")
+    assert words in e.value.message and "\n" not in e.value.message
+
+
+def test_import_of_a_classifier_as_recognizer_is_refused(tiny_export, tmp_path):
+    res = pipeline_cli("run", "train", "-o", "task=recognition", "-o", "model.source=inference",
+                       "-o", f"model.path={tiny_export}", "-o", "data.height=16", "-o", "data.width=16",
+                       "-o", "data.num_train=8", "-o", "data.num_val=8", "-o", "data.max_len=2", "-o", "train.nproc=1",
+                       "-o", f"run.root={tmp_path}", "-o", "run.quiet=true", timeout=300)
+    assert res.returncode != 0
+    assert "outputs shape [1, 5]; the recognition task needs [N, T, classes]" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_import_chain_without_labels_keeps_parity_and_says_no_labels(tiny_export, tmp_path):
+    """data.source=images: no labels; train reports the metric gate SKIPPED, export's parity gate holds."""
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (20, 24), dtype=np.uint8)).save(imgs / f"{i}.png")
+    common = ["-o", "model.source=inference", "-o", f"model.path={tiny_export}", "-o", "data.source=images",
+              "-o", f"data.path={imgs}", "-o", "data.height=16", "-o", "data.width=16", "-o", "train.nproc=1",
+              "-o", f"run.root={tmp_path}/runs", "-o", "run.quiet=true"]
+    res = pipeline_cli("run", "train", "export", "-o", "task=classification", *common, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+    train = json.loads((tmp_path / "runs/default/train/manifest.json").read_text())
+    export = json.loads((tmp_path / "runs/default/export/manifest.json").read_text())
+    assert train["gates"][0]["status"] == "SKIPPED" and "no labels" in train["gates"][0]["reason"]
+    assert train["info"]["imported"]["sha256"]["inference.pdmodel"]
+    assert export["gates"][0]["status"] == "OK" and export["gates"][0]["checks"][1]["observed"] == 0.0
+
+
+def test_model_files_enter_the_fingerprint(tiny_export, tmp_path):
+    import shutil
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_export, copy)
+    cfg = load_config(overrides=["model.source=inference", f"model.path={copy}"])
+    before = cfg.hash_of("model")
+    (copy / "inference.pdiparams").write_bytes((copy / "inference.pdiparams").read_bytes() + b"\0")
+    assert load_config(overrides=["model.source=inference", f"model.path={copy}"]).hash_of("model") != before
+
+
+# ------------------------------------------------------------------ pretrained weights
+def test_pretrained_key_mismatch_is_reported_and_refused(tmp_path):
+    src = _Tiny(classes=5)
+    path = tmp_path / "w.pdparams"
+    paddle.save(src.state_dict(), str(path))
+    with pytest.raises(ConfigError) as e:
+        imported.load_params(_Tiny(classes=7), path, allow_partial=False)
+    assert "partial load refused: 2 shape mismatch (e.g. fc.b_0" in e.value.message.replace("fc.bias", "fc.b_0") or \
+        "2 shape mismatch" in e.value.message
+    report = imported.load_params(_Tiny(classes=7), path, allow_partial=True)
+    assert len(report["shape_mismatch"]) == 2 and report["loaded"] == 2 and not report["missing"]
+
+
+def test_pretrained_full_load_copies_values(tmp_path):
+    src, dst = _Tiny(), _Tiny()
+    path = tmp_path / "w.pdparams"
+    paddle.save(src.state_dict(), str(path))
+    report = imported.load_params(dst, path, allow_partial=False)
+    assert report["loaded"] == 4
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(src.parameters(), dst.parameters()))
+
+
+def test_jit_loaded_program_fine_tunes_only_with_both_traps_handled(tiny_export):
+    prefix = imported.resolve_prefix(tiny_export)
+    x, y = paddle.randn([4, 1, 16, 16]), paddle.to_tensor([0, 1, 2, 3])
+    for model, moves in ((paddle.jit.load(str(prefix)), False), (imported.trainable(prefix), True)):
+        model.train()
+        before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        opt = paddle.optimizer.SGD(0.5, parameters=model.parameters())
+        loss = paddle.nn.functional.cross_entropy(model(x), y)
+        if not loss.stop_gradient:
+            loss.backward()
+            opt.step()
+        changed, total = imported.changed_tensors(before, {k: v.numpy() for k, v in model.state_dict().items()})
+        assert (changed == total) if moves else changed == 0
+
+
+def test_unchanged_weights_fail_naming_the_cause(tiny_export):
+    from stages.train import check_weights_moved
+
+    model = paddle.jit.load(str(imported.resolve_prefix(tiny_export)))
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    with pytest.raises(NonFiniteError) as e:
+        check_weights_moved(model, state, state, lr=0.001)
+    assert "no weight changed" in e.value.message and "stop_gradient=True" in e.value.message
+    frozen = _Tiny()
+    for p in frozen.parameters():
+        p.stop_gradient = True
+    state = {k: v.numpy() for k, v in frozen.state_dict().items()}
+    with pytest.raises(NonFiniteError, match="frozen"):
+        check_weights_moved(frozen, state, state, lr=0.001)
+
+
+# ------------------------------------------------------------------ PaddleOCR recognition conventions
+def test_use_space_char_appends_the_space_and_the_error_names_it(tmp_path):
+    d = tmp_path / "dict.txt"
+    d.write_text("a\nb\nc\n", encoding="utf-8")
+    assert charset_of({"charset": str(d), "use_space_char": True}) == "abc "
+    assert charset_of({"charset": str(d), "use_space_char": False}) == "abc"
+    info = {"charset": "abc", "width": 32, "max_len": 2}
+    with pytest.raises(ConfigError) as e:
+        RecognitionTask().check_output_shape([1, 8, 5], info)       # blank + abc + space
+    assert "use_space_char" in e.value.hint and "appends a space" in e.value.hint
+
+
+def test_probabilities_are_detected_and_ctc_gets_them_once():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 8, 5)).astype(np.float32)
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert is_probabilities(probs) and not is_probabilities(logits)
+    labels = paddle.to_tensor(np.array([[1, 2, -1], [3, -1, -1]]))
+    from_logits = RecognitionTask().loss(paddle.to_tensor(logits), labels)
+    from_probs = RecognitionTask({"outputs": "probabilities"}).loss(paddle.to_tensor(probs), labels)
+    assert abs(float(from_logits) - float(from_probs)) < 1e-4           # no second softmax
+    task = RecognitionTask({"outputs": "probabilities"})
+    assert np.allclose(task.comparable(probs), log_probs(probs))
+
+
+def test_elementwise_failure_with_identical_text_says_so():
+    from pipeline.config import Tolerance
+    from pipeline.gates import Gate, evaluate_tol
+
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(4, 6, 5)).astype(np.float32)
+    ref[..., 1] += 10                                                   # a clear winner everywhere
+    cand = ref + 0.01
+    gate = evaluate_tol(Gate("server", "x", "fp32", "fp32", "seq_accuracy"), cand, ref,
+                        Tolerance(atol=1e-4, rtol=0.0, metric_delta=0.0, min_agreement=0.99), None,
+                        RecognitionTask(), key="server.gates.fp32")
+    assert gate.status == "FAIL" and "decoded output (text_agreement) is identical on every sample" in gate.reason
+
+
+def test_ppocr_preprocessing_bgr_keep_ratio_and_dynamic_width():
+    img = Image.new("RGB", (200, 20), (10, 20, 30))             # aspect 10: 480 wide at height 48
+    fixed = {"height": 48, "width": 320, "resize": "ppocr_rec", "color": "bgr", "mean": 0.5, "std": 0.5}
+    a = fit_image(img, fixed)
+    assert a.shape == (48, 320, 3)                                # squeezed to the fixed width
+    b = fit_image(img, {**fixed, "dynamic_width": True})
+    assert b.shape == (48, 480, 3)                                # its own width
+    short = fit_image(Image.new("RGB", (20, 20), (10, 20, 30)), fixed)
+    assert (short[:, 48:] == PPOCR_PAD).all() and (short[:, :48, 0] == 10).all()
+    x = to_tensor(short[None], fixed)
+    assert x.shape == (1, 3, 48, 320)
+    assert np.isclose(x[0, 0, 0, 0], (30 / 255 - 0.5) / 0.5) and np.isclose(x[0, 2, 0, 0], (10 / 255 - 0.5) / 0.5)
+
+
+def test_batch_sizes_follow_the_model_size(tiny_export):
+    from pipeline.engines.perf import batch_for
+
+    small = batch_for(imported.resolve_prefix(tiny_export), [1, 1, 16, 16], 4096, 64)
+    assert small == 64
+    assert batch_for(imported.resolve_prefix(tiny_export), [1, 1, 16, 16], 1, 64) < 64 or small == 64
