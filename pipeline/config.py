@@ -277,7 +277,7 @@ class RegressionCfg(Section):
 
 
 class Config(Section):
-    task: Literal["classification", "recognition", "detection", "ocr_system"]
+    task: Literal["classification", "recognition", "detection", "text_direction", "ocr_system"]
     seed: int = Field(ge=0)
     run: RunCfg
     data: DataCfg

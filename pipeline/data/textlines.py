@@ -134,7 +134,7 @@ class _Glyphs:
 
 
 def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Random,
-                spec: dict) -> np.ndarray:
+                spec: dict, flip: bool = False) -> np.ndarray:
     # tight to airy letter spacing; tighter than -0.03 glues "," and "." into digits beyond
     # what a 4-pixel CTC time step can resolve (measured: most errors were lost punctuation)
     spacing = r.uniform(-0.03, 0.2) * size
@@ -171,14 +171,18 @@ def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Ran
     img = Image.fromarray((bg - (bg - fg) * a).astype(np.uint8))
     if r.random() < 0.3:
         img = img.filter(ImageFilter.GaussianBlur(radius=r.uniform(0.3, 1.0)))
+    if flip:                         # upside down before fitting: the padding stays on the right, as on a real crop
+        img = img.rotate(180)
     return fit_image(img, spec)
 
 
 def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len: int = 16,
                  fonts: list[str] | None = None,
-                 charset: str = DEFAULT_CHARSET, resize: str = "pad_right") -> tuple[np.ndarray, list[str]]:
+                 charset: str = DEFAULT_CHARSET, resize: str = "pad_right",
+                 flip_odd: bool = False) -> tuple[np.ndarray, list[str]]:
     """Render n text lines → (uint8 [n, height, width], labels). Same arguments → same bytes.
     resize: preprocess.fit_image's rule (pad_right, or ppocr_rec for PaddleOCR's recognizers).
+    flip_odd: lines 1, 3, 5 ... upside down (text-direction data: label = index % 2).
 
     Labels of render_lines(50, s) are the first 50 of render_lines(100, s); pixels are not
     (the noise is drawn for the whole batch at once, which is what makes it cheap).
@@ -195,7 +199,7 @@ def render_lines(n: int, seed: int, height: int = 32, width: int = 256, max_len:
     for i in range(n):
         text = random_text(r, max_len, charset)
         table, size = r.randrange(len(tables)), r.choice(_FONT_SIZES)
-        images[i] = _render_one(text, glyphs, table, size, r, spec)
+        images[i] = _render_one(text, glyphs, table, size, r, spec, flip_odd and i % 2 == 1)
         labels.append(text)
     # sensor noise, vectorised over the batch; a third of the lines stay clean
     if n:
@@ -218,15 +222,18 @@ def _cache_key(params: dict, fonts: list[str]) -> str:
 
 def load_or_render(n: int, seed: int, height: int = 32, width: int = 256, max_len: int = 16,
                    fonts: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
-                   charset: str = DEFAULT_CHARSET, resize: str = "pad_right") -> tuple[np.ndarray, list[str]]:
+                   charset: str = DEFAULT_CHARSET, resize: str = "pad_right",
+                   flip_odd: bool = False) -> tuple[np.ndarray, list[str]]:
     """render_lines() with an .npz cache keyed by every parameter (and the renderer version)."""
     fonts = [str(f) for f in (fonts or [])]
     if cache_dir is None:
-        return render_lines(n, seed, height, width, max_len, fonts, charset, resize)
+        return render_lines(n, seed, height, width, max_len, fonts, charset, resize, flip_odd)
     params = {"n": n, "seed": seed, "height": height, "width": width, "max_len": max_len,
               "fonts": fonts, "charset": charset, "version": RENDER_VERSION}
     if resize != "pad_right":        # only then: existing caches stay valid
         params["resize"] = resize
+    if flip_odd:
+        params["flip_odd"] = True
     cache = Path(cache_dir)
     target = cache / f"textlines-{_cache_key(params, fonts)}.npz"
     if target.is_file():
@@ -235,7 +242,7 @@ def load_or_render(n: int, seed: int, height: int = 32, width: int = 256, max_le
                 return z["images"], [str(s) for s in z["labels"]]
         except (OSError, ValueError, KeyError):
             pass   # a corrupt cache entry is re-rendered and overwritten below
-    images, labels = render_lines(n, seed, height, width, max_len, fonts, charset, resize)
+    images, labels = render_lines(n, seed, height, width, max_len, fonts, charset, resize, flip_odd)
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=".textlines-", suffix=".tmp")
     try:

@@ -13,5 +13,8 @@ def get_task(name: str, post: dict | None = None):
     if name == "detection":
         from .detection import DetectionTask
         return DetectionTask(post)
+    if name == "text_direction":
+        from .text_direction import TextDirectionTask
+        return TextDirectionTask()
     from ..errors import ConfigError
-    raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition | detection")
+    raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition | detection | text_direction")
