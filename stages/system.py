@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,14 +38,26 @@ def _bundle_folder(ctx: StageContext, role: str) -> Path:
     return ctx.inputs[role] / name
 
 
-def _eval_pages(ctx, det_cfg: dict, rec_cfg: dict, parts: dict) -> dict:
+def _page_charset(parts: dict, rec_cfg: dict) -> str:
+    """What the unseen pages are written in: the recogniser's charset; for a dictionary far larger than the
+    built-in invoice charset and no font of the part's own (PP-OCR's 6623 characters), the built-in invoice
+    characters it holds (Pillow's default font draws no CJK)."""
+    from pipeline.data.textlines import DEFAULT_CHARSET
+
+    charset = rec_cfg["postprocess"]["charset"]
+    if parts["detection"].data.fonts or len(charset) <= 4 * len(DEFAULT_CHARSET):
+        return charset
+    return "".join(c for c in DEFAULT_CHARSET if c in charset)
+
+
+def _eval_pages(ctx, det_cfg: dict, charset: str, parts: dict) -> dict:
     from pipeline.data.invoice_pages import load_or_render
 
     d = parts["detection"].data
     pre = det_cfg["preprocess"]
     # a seed neither part trained or validated on (they use seed and seed + 1)
     return load_or_render(ctx.cfg.system.pages, ctx.cfg.seed + 7919, pre["height"], pre["width"],
-                          max_boxes=64, fonts=list(d.fonts), charset=rec_cfg["postprocess"]["charset"],
+                          max_boxes=64, fonts=list(d.fonts), charset=charset,
                           max_len=parts["recognition"].data.max_len, cache_dir=d.cache_dir)
 
 
@@ -86,17 +98,21 @@ class _Chain:
     spec: object
     ref: dict
     lines: list
+    subs: dict          # role → model bundle folder (detection, recognition[, classifier])
+    row_lines: dict = field(default_factory=dict)     # subject → lines that row read
 
 
-def _pair_row(chain: _Chain, subject: str, prec: str, make_pair, drop: float, batch: int = 16) -> Gate:
-    """One (detection, recognition) engine pair through the flow, gated on its drop vs the fp32 chain;
-    an engine that fails to load or run is that row's FAIL, and the other rows still run."""
+def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
+    """One set of engines (det, rec[, cls]; make(role, sub-bundle) builds each) through the flow, gated on its
+    drop vs the fp32 chain; an engine that fails to load or run is that row's FAIL, and the other rows still run."""
     from pipeline.ocr.system import read_pages
+    from pipeline.ocr.system_bundle import engine_set
 
     t0 = time.perf_counter()
     try:
-        det, rec = make_pair()
-        lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch)
+        det, rec, cls = engine_set(make, chain.subs)
+        lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch, cls=cls)
+        chain.row_lines[subject] = lines
         g = _row(subject, prec, _effective(det, rec), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
     except PipelineError as exc:
         g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
@@ -104,67 +120,73 @@ def _pair_row(chain: _Chain, subject: str, prec: str, make_pair, drop: float, ba
     return g
 
 
-def _engine_rows(ctx, det_b: Path, rec_b: Path, spec, pages, keys, threads) -> tuple[list[Gate], list]:
-    from pipeline.engines import paddle_infer as pi
+def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Chain]:
     from pipeline.ocr.system import read_pages
-    from pipeline.ocr.system_bundle import LITE_BATCH, lite_engine, model_prefix, paddle_engine
+    from pipeline.ocr.system_bundle import engine_set, paddle_engine
 
     sc = ctx.cfg.system
     images = list(pages["images"])
     t0 = time.perf_counter()
-    ref_lines = read_pages(images, paddle_engine(det_b / "server/fp32/inference", "fp32", threads),
-                           paddle_engine(rec_b / "server/fp32/inference", "fp32", threads), spec)
+    det, rec, cls = engine_set(lambda r, b: paddle_engine(b / "server/fp32/inference", "fp32", threads), subs)
+    ref_lines = read_pages(images, det, rec, spec, cls=cls)
     fp32 = _row("paddle-inference fp32", "fp32", "fp32", ref_lines, pages, keys,
                 floors=(sc.min_line_accuracy, sc.min_field_accuracy))
     fp32.seconds = round(time.perf_counter() - t0, 2)
     fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
+    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs)
+
+
+def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate], _Chain]:
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.ocr.system_bundle import LITE_BATCH, lite_engine, lite_shape, model_prefix, paddle_engine
+
+    sc = ctx.cfg.system
+    fp32, chain = _fp32_chain(ctx, subs, spec, pages, keys, threads)
     gates = [fp32]
-    chain = _Chain(pages, keys, spec, fp32.extra, ref_lines)
     for prec in ("fp16", "bf16", "int8"):
         subject = f"paddle-inference {prec}"
         if prec == "bf16":
             ok, why = pi.bf16_status()
-            pair = (det_b / "server/fp32/inference", rec_b / "server/fp32/inference") if ok else None
+            have = ok
         else:
-            pair = (model_prefix(det_b, prec), model_prefix(rec_b, prec))
-            why = f"the bundles hold no {prec} model pair (server/{prec}/ in both)"
+            have = all(model_prefix(b, prec) for b in subs.values())
+            why = f"the bundles hold no {prec} model set (server/{prec}/ in each)"
             if prec == "fp16" and not env.capabilities().get("gpu"):
                 why = "fp16 runs only as an emulation on CPU (server stage row); no fp16 model is bundled"
-        if pair is None or None in pair:
+        if not have:
             gates.append(skipped("system", subject, prec, METRIC, why))
             continue
-        gates.append(_pair_row(chain, subject, prec, lambda: tuple(paddle_engine(p, prec, threads) for p in pair),
+        pick = (lambda b: b / "server/fp32/inference") if prec == "bf16" else (lambda b, p=prec: model_prefix(b, p))
+        gates.append(_pair_row(chain, subject, prec, lambda r, b, p=prec, f=pick: paddle_engine(f(b), p, threads),
                                sc.gates[prec]))
-    gates += _other_engine_rows(ctx, det_b, rec_b, chain, threads)
-    det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
+    gates += _other_engine_rows(ctx, chain, threads)
     subject = "lite x86 fp32"
-    if det_nb.is_file() and rec_nb.is_file():
+    if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
         timeout = ctx.cfg.lite.timeout
-        gates.append(_pair_row(chain, subject, "fp32", lambda: (lite_engine(det_nb, spec_shape(det_b), timeout),
-                                                                 lite_engine(rec_nb, spec_shape(rec_b), timeout)),
+        gates.append(_pair_row(chain, subject, "fp32",
+                               lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
                                sc.gates["lite"], batch=LITE_BATCH))
     else:
-        gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb pair"))
-    return gates, ref_lines
+        gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb set"))
+    return gates, chain
 
 
-def _other_engine_rows(ctx, det_b: Path, rec_b: Path, chain: _Chain, threads: int) -> list[Gate]:
+def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
     """The fp32 chain on every other configured runtime (server.engines: ONNX Runtime, OpenVINO) from the
-    bundles' server/onnx/model.onnx pair, gated on its drop vs the Paddle Inference fp32 chain."""
+    bundles' server/onnx/model.onnx files, gated on its drop vs the Paddle Inference fp32 chain."""
     from pipeline.engines import registry
     from pipeline.serving import MODEL_PATHS
 
     gates = []
     for kind in (k for k in ctx.cfg.server.engines if k != "paddle-inference"):
         subject = f"{kind} fp32"
-        pair = (det_b / MODEL_PATHS[kind], rec_b / MODEL_PATHS[kind])
         ok, why = registry.available(kind)
-        if not ok or not all(p.is_file() for p in pair):
+        if not ok or not all((b / MODEL_PATHS[kind]).is_file() for b in chain.subs.values()):
             gates.append(skipped("system", subject, "fp32", METRIC,
-                                 why if not ok else f"the bundles hold no {MODEL_PATHS[kind]} pair"))
+                                 why if not ok else f"the bundles hold no {MODEL_PATHS[kind]} set"))
             continue
         gates.append(_pair_row(chain, subject, "fp32",
-                               lambda: tuple(registry.make(kind, p, "fp32", threads=threads) for p in pair),
+                               lambda r, b, k=kind: registry.make(k, b / MODEL_PATHS[k], "fp32", threads=threads),
                                ctx.cfg.system.gates["engines"]))
     return gates
 
@@ -175,16 +197,13 @@ def _effective(det, rec) -> str:
     return a if a == b else f"{a}/{b}"
 
 
-def spec_shape(sub: Path) -> list:
-    from pipeline.bundle import load_infer_config
-
-    return load_infer_config(sub)["input"]["shape"]
-
-
-def _http_row(ctx, folder: Path, pages, ref_lines, threads) -> Gate:
+def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
+    """/ocr over HTTP must read as the same engines did in process (the fp32 chain, or the system.engine row)."""
     from pipeline.ocr.service import http_ocr_gate
     from pipeline.ocr.system_metrics import agreement
 
+    pages = chain.pages
+    ref_lines = chain.row_lines.get(f"{ctx.cfg.system.engine} fp32", chain.lines)
     n = min(ctx.cfg.system.http_pages, len(pages["images"]))
     subject = "http /ocr fp32"
     t0 = time.perf_counter()
@@ -195,7 +214,8 @@ def _http_row(ctx, folder: Path, pages, ref_lines, threads) -> Gate:
     diff = 1.0 - agreement(res["lines"], ref_lines[:n])
     limit = ctx.cfg.system.gates["http"]
     g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
-             checks=[Check("lines_differing_from_fp32_chain", diff, limit, "<=", diff <= limit + 1e-12)])
+             checks=[Check(f"lines_differing_from_{ctx.cfg.system.engine}_chain", diff, limit, "<=",
+                           diff <= limit + 1e-12)])
     g.status = OK if g.checks[0].passed else FAIL
     g.reason = "" if g.status == OK else g.checks[0].describe()
     g.extra = {"latency_ms": res["latency_ms"], "requests": n}
@@ -203,9 +223,15 @@ def _http_row(ctx, folder: Path, pages, ref_lines, threads) -> Gate:
     return g
 
 
-def _infer_config(keys: dict, ref: dict) -> dict:
+def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
+    from pipeline.ocr.ppocr_system import flow_of
+
+    cls = "classifier" in subs
     return {"format_version": FORMAT_VERSION, "task": "ocr_system", "detection": "detection",
-            "recognition": "recognition", "flow": "page -> DB boxes -> perspective crops -> CTC recognition",
+            "recognition": "recognition", **({"classifier": "classifier"} if cls else {}),
+            "pipeline": "page -> DB boxes -> perspective crops -> " + ("0/180 classifier -> " if cls else "")
+                        + "CTC recognition",
+            "flow": flow_of(sc.model_dump()), "engine": sc.engine,
             "fields": keys, "verify": {"max_disagreement": 0.05},
             "metrics_on_build": {k: ref[k] for k in ("line_accuracy", "field_accuracy")}}
 
@@ -225,51 +251,33 @@ def _model_card(name: str, gates: list[Gate], parts: dict) -> str:
     return "\n".join(lines)
 
 
-def run(ctx: StageContext) -> StageResult:
-    from pipeline.data.invoice_pages import keys_for
-    from pipeline.ocr.system import SystemSpec
-    from pipeline.bundle import load_infer_config
-    from pipeline.ocr.system_bundle import verify_system, write_samples
+def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: list, parts: dict) -> None:
+    """The parts' bundles unchanged, sample pages with the fp32 chain's lines, infer_config, card, manifest."""
+    from pipeline.ocr.system_bundle import write_samples
 
-    cfg, sc = ctx.cfg, ctx.cfg.system
-    parts = part_configs(cfg)
-    det_b, rec_b = _bundle_folder(ctx, "detection"), _bundle_folder(ctx, "recognition")
-    det_cfg, rec_cfg = load_infer_config(det_b), load_infer_config(rec_b)
-    spec = SystemSpec.from_infer_configs(det_cfg, rec_cfg)
-    keys = keys_for(rec_cfg["postprocess"]["charset"])
-    pages = _eval_pages(ctx, det_cfg, rec_cfg, parts)
-    threads = cfg.server.threads or env.cpu_count()
-    log.info("[system] reading %d pages per engine row", len(pages["images"]))
-    gates, ref_lines = _engine_rows(ctx, det_b, rec_b, spec, pages, keys, threads)
-    ref = gates[0].extra
-
-    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg.run.name}-{version}"
-    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
-    if (root / name).exists():
-        raise ConfigError(f"bundle {root / name} already exists; bundles are never overwritten",
-                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
-    b = ctx.out_dir / name
-    shutil.copytree(det_b, b / "detection")
-    shutil.copytree(rec_b, b / "recognition")
-    k = min(sc.samples, len(pages["images"]))
-    write_samples(b, list(pages["images"][:k]), ref_lines[:k])
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(_infer_config(keys, ref), sort_keys=False,
-                                                              allow_unicode=True))
+    sc = ctx.cfg.system
+    for role, sub in chain.subs.items():
+        shutil.copytree(sub, b / role)
+    k = min(sc.samples, len(chain.pages["images"]))
+    write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k])
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(_infer_config(sc, chain.subs, chain.keys, chain.ref),
+                                                              sort_keys=False, allow_unicode=True))
     atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts))
-    part_gates = [g for r in ("detection", "recognition") for g in ctx.input_manifests[r].get("gates", [])]
+    part_gates = [g for r in chain.subs for g in ctx.input_manifests[r].get("gates", [])]
     write_json(b / "manifest.json", {
         "format_version": FORMAT_VERSION, "name": name, "version": version, "task": "ocr_system",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": describe_files(b, exclude=()),        # the sub-bundles' manifest.json files are hashed too
         "versions": env.versions(), "git_commit": env.git_commit(), "hardware": env.hardware(),
-        "config": cfg.to_dict(), "gates": [g.to_dict() for g in gates], "part_bundle_gates": part_gates,
-        "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in ("detection", "recognition")}})
+        "config": ctx.cfg.to_dict(), "gates": [g.to_dict() for g in gates], "part_bundle_gates": part_gates,
+        "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in chain.subs}})
 
-    if sc.http_pages:
-        gates.append(_http_row(ctx, b, pages, ref_lines, threads))
+
+def _verify_gate(b: Path, timeout: float, threads: int) -> Gate:
+    from pipeline.ocr.system_bundle import verify_system
+
     t0 = time.perf_counter()
-    report = verify_system(b, timeout=cfg.lite.timeout, threads=threads)
+    report = verify_system(b, timeout=timeout, threads=threads)
     bad = [Check(**c) for c in report["checks"] if not c["passed"]]
     # one summary check for the table; every individual check stays in extra
     vg = Gate("system", "bundle self-verification", "fp32", "fp32", "failed checks", value=float(len(bad)),
@@ -278,13 +286,48 @@ def run(ctx: StageContext) -> StageResult:
     vg.status = OK if report["ok"] else FAIL
     vg.reason = "; ".join(f"{c.name}: {c.describe()}" for c in bad)
     vg.seconds = round(time.perf_counter() - t0, 2)
-    gates.append(vg)
+    return vg
+
+
+def _read_rows(ctx, parts: dict) -> tuple[list[Gate], _Chain]:
+    from pipeline.bundle import load_infer_config
+    from pipeline.data.invoice_pages import keys_for
+    from pipeline.ocr.system import SystemSpec
+    from pipeline.ocr.ppocr_system import flow_of
+
+    subs = {role: _bundle_folder(ctx, role) for role in parts}
+    det_cfg, rec_cfg = load_infer_config(subs["detection"]), load_infer_config(subs["recognition"])
+    cls_cfg = load_infer_config(subs["classifier"]) if "classifier" in subs else None
+    spec = SystemSpec.from_infer_configs(det_cfg, rec_cfg, cls_cfg, flow_of(ctx.cfg.system.model_dump()))
+    charset = _page_charset(parts, rec_cfg)
+    pages = _eval_pages(ctx, det_cfg, charset, parts)
+    threads = ctx.cfg.server.threads or env.cpu_count()
+    log.info("[system] reading %d pages per engine row", len(pages["images"]))
+    return _engine_rows(ctx, subs, spec, pages, keys_for(charset), threads)
+
+
+def run(ctx: StageContext) -> StageResult:
+    cfg, sc = ctx.cfg, ctx.cfg.system
+    parts = part_configs(cfg)
+    gates, chain = _read_rows(ctx, parts)
+    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    name = f"{cfg.run.name}-{version}"
+    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
+    if (root / name).exists():
+        raise ConfigError(f"bundle {root / name} already exists; bundles are never overwritten",
+                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
+    b = ctx.out_dir / name
+    _write_bundle(ctx, b, name, version, chain, gates, parts)
+    threads = cfg.server.threads or env.cpu_count()
+    if sc.http_pages:
+        gates.append(_http_row(ctx, b, chain, threads))
+    gates.append(_verify_gate(b, cfg.lite.timeout, threads))
     if cfg.bundle.archive:
         write_archive(b, ctx.out_dir / f"{name}.tar.gz")
     if all(g.status != FAIL for g in gates):
         from pipeline.bundle import publish
         publish(ctx.out_dir, name, root, cfg.bundle.archive)
-    summary = {k2: ref[k2] for k2 in ("line_accuracy", "field_accuracy", "lines", "fields")}
+    summary = {k2: chain.ref[k2] for k2 in ("line_accuracy", "field_accuracy", "lines", "fields")}
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics=summary, info={"bundle": str(root / name), "name": name,
                                               "archive": str(root / name) + ".tar.gz" if cfg.bundle.archive else None})
@@ -297,4 +340,5 @@ def _external(cfg) -> dict[str, Path]:
 STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py"),
-              description="OCR system bundle from a gated detection and a gated recognition run, end-to-end gates")
+              description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
+                          "end-to-end gates")

@@ -270,3 +270,38 @@ def test_detection_task_decodes_boxes_in_the_page_frame(pre):
     # the text region's centre, in page pixels (unclip grows the box around it)
     assert abs(box[:, 0].mean() - 390 * 3 / 8) < 390 / w * 2 and abs(box[:, 1].mean() - (h / 4 + 6) * 250 / h) < 250 / h * 2
     assert box[:, 0].max() > w or box[:, 1].max() > h or pre["resize"] == "limit"    # stretch: beyond the model frame
+
+
+def test_real_upside_down_line_reads_after_the_classifier(real):
+    from pipeline.ocr.system import read_crops
+
+    eng, spec = real
+    assert read_crops([_page("text_cls.jpg")], eng["rec"], spec, eng["cls"]) == ["怪我咯"]   # GT.tsv: 180 / 怪我咯
+
+
+def test_system_classifier_part_is_optional_and_checked():
+    from pipeline.composite import part_configs
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    base = ["configs/ppocr_v4_system.yaml"]
+    assert list(part_configs(load_config(base))) == ["detection", "recognition", "classifier"]
+    assert list(part_configs(load_config(base, ["system.classifier=null"]))) == ["detection", "recognition"]
+    with pytest.raises(ConfigError, match="expected text_direction"):
+        part_configs(load_config(base, ["system.classifier=configs/ocr_det.yaml"]))
+
+
+def test_text_direction_data_alternates_upright_and_upside_down(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.preprocess import to_tensor
+    from pipeline.tasks import get_task
+
+    cfg = load_config(["configs/ppocr_v4_cls.yaml"], ["data.num_train=4", "data.num_val=4",
+                                                      f"data.cache_dir={tmp_path}"]).section("data")["data"]
+    task = get_task("text_direction")
+    ds = task.load_data(cfg, 0)
+    assert ds.val.labels.tolist() == [0, 1, 0, 1] and ds.info["labels"] == ["0", "180"]
+    spec = task.preprocess_spec(cfg, ds.info)
+    assert ds.val.images.shape == (4, 48, 192, 3) and to_tensor(ds.val.images, spec).shape == (4, 3, 48, 192)
+    # PaddleOCR's padding stays on the right of an upside-down line too
+    assert (ds.val.images[1][:, -8:].std() < ds.val.images[1][:, :40].std())

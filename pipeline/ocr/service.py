@@ -64,14 +64,12 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     from .. import env
     from ..bundle import load_infer_config
     from .system import read_pages
-    from .system_bundle import paddle_engine, spec_of, sub_bundle
+    from .system_bundle import served_system
 
     folder = Path(folder)
-    spec, _, _ = spec_of(folder)
     cfg = load_infer_config(folder)
     threads = threads or env.cpu_count()
-    det = paddle_engine(sub_bundle(folder, cfg, "detection") / "server/fp32/inference", "fp32", threads)
-    rec = paddle_engine(sub_bundle(folder, cfg, "recognition") / "server/fp32/inference", "fp32", threads)
+    det, rec, cls, spec = served_system(folder, threads)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     name = name or folder.name
 
@@ -79,14 +77,14 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"),
+        return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"), "engine": det.kind,
                 "versions": versions or env.versions()}
 
     @app.post("/ocr")
     async def ocr(request: Request):
         page = await _page_from_request(request, max_body, max_pixels)
         t0 = time.perf_counter()
-        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec)[0])
+        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec, cls=cls)[0])
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 

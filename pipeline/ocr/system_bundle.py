@@ -3,7 +3,9 @@
     <name>/
       detection/   the detection run's bundle, unchanged (own manifest, infer_config with DB parameters)
       recognition/ the recognition run's bundle, unchanged (charset, CTC decoding)
-      infer_config.yaml   task: ocr_system, sub-bundle folders, field keys, verify tolerance
+      classifier/  optional: the 0/180 text-direction classifier's bundle
+      infer_config.yaml   task: ocr_system, sub-bundle folders, field keys, flow settings, serving engine,
+                          verify tolerance
       samples/page_NNN.png, samples/expected.json   sample pages and the fp32 chain's lines
       MODEL_CARD.md, manifest.json   (sha256 of every file, sub-bundles included; every gate)
 """
@@ -36,12 +38,43 @@ def sub_bundle(folder: Path, cfg: dict, role: str) -> Path:
     return Path(folder) / name
 
 
+def roles_of(cfg: dict) -> tuple[str, ...]:
+    """The model bundles a system bundle holds, in flow order of the engines (det, rec[, cls])."""
+    return ("detection", "recognition") + (("classifier",) if cfg.get("classifier") else ())
+
+
 def spec_of(folder: Path) -> tuple[SystemSpec, dict, dict]:
     folder = Path(folder)
     cfg = load_infer_config(folder)
     det = load_infer_config(sub_bundle(folder, cfg, "detection"))
     rec = load_infer_config(sub_bundle(folder, cfg, "recognition"))
-    return SystemSpec.from_infer_configs(det, rec), det, rec
+    cls = load_infer_config(sub_bundle(folder, cfg, "classifier")) if cfg.get("classifier") else None
+    return SystemSpec.from_infer_configs(det, rec, cls, cfg.get("flow")), det, rec
+
+
+def engine_set(make, subs: dict[str, Path]) -> tuple:
+    """(det, rec, cls or None): make(role, sub-bundle folder) for every part the system has."""
+    return (make("detection", subs["detection"]), make("recognition", subs["recognition"]),
+            make("classifier", subs["classifier"]) if "classifier" in subs else None)
+
+
+def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
+    return {r: sub_bundle(folder, cfg, r) for r in roles_of(cfg)}
+
+
+def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
+    """(det, rec, cls or None, spec) as `/ocr` runs them: each part's fp32 model on the bundle's serving engine
+    (system.engine when it was built; ONNX Runtime's pool threads sleep between calls, as in `serve`)."""
+    from ..engines import registry
+    from ..serving import MODEL_PATHS
+
+    folder = Path(folder)
+    cfg = load_infer_config(folder)
+    kind = kind or cfg.get("engine", "paddle-inference")
+    spec, _, _ = spec_of(folder)
+    det, rec, cls = engine_set(lambda r, b: registry.make(kind, b / MODEL_PATHS[kind], "fp32", threads=threads,
+                                                          spin=False), subs_of(folder, cfg))
+    return det, rec, cls, spec
 
 
 def paddle_engine(prefix: Path, precision: str, threads: int):
@@ -54,6 +87,13 @@ def lite_engine(nb: Path, input_shape: list, timeout: float):
     from ..engines.lite import LiteEngine
 
     return LiteEngine(nb, input_shape, timeout=timeout)
+
+
+def lite_shape(sub: Path) -> list:
+    """The input shape a part's .nb is run with: its program's, dynamic dims free (PP-OCR's det and rec)."""
+    from ..engines.paddle_infer import program_input_shape
+
+    return program_input_shape(sub / "server/fp32/inference")
 
 
 LITE_BATCH = 4096      # one Lite subprocess per model per call, not one per 16 pages
@@ -95,22 +135,20 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     manifest = verify_hashes(folder)
     cfg = load_infer_config(folder)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]
-    for role in ("detection", "recognition"):
+    for role in roles_of(cfg):
         sub = verify_bundle(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
         checks += [{**c, "name": f"{role}: {c['name']}"} for c in sub["checks"]]
-    spec, det_cfg, rec_cfg = spec_of(folder)
+    spec, _, _ = spec_of(folder)
     pages, expected = _sample_pages(folder)
     threads = threads or cpu_count()
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
-    det_b, rec_b = sub_bundle(folder, cfg, "detection"), sub_bundle(folder, cfg, "recognition")
-    runs = {"server fp32": (paddle_engine(det_b / "server/fp32/inference", "fp32", threads),
-                            paddle_engine(rec_b / "server/fp32/inference", "fp32", threads))}
-    det_nb, rec_nb = det_b / "mobile/x86_fp32.nb", rec_b / "mobile/x86_fp32.nb"
-    if det_nb.is_file() and rec_nb.is_file():
-        runs["lite x86 fp32"] = (lite_engine(det_nb, det_cfg["input"]["shape"], timeout),
-                                 lite_engine(rec_nb, rec_cfg["input"]["shape"], timeout))
-    for name, (det, rec) in runs.items():
-        got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16)
+    subs = subs_of(folder, cfg)
+    runs = {"server fp32": engine_set(lambda r, b: paddle_engine(b / "server/fp32/inference", "fp32", threads), subs)}
+    if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
+        runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
+                                           subs)
+    for name, (det, rec, cls) in runs.items():
+        got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)
         miss = 1.0 - agreement(got, expected)
         checks.append(asdict(Check(f"system {name} lines differing on sample pages", miss, limit, "<=",
                                    miss <= limit)))
