@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
+from pipeline.distributed import launch_stage
 from pipeline.errors import ConfigError, DataError, NonFiniteError
 from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
 from pipeline.models import imported
@@ -360,7 +361,10 @@ def import_model(ctx) -> StageResult:
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
-              make_target="train", run=run, layout_keys=("train.nproc",),
+              make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
+              outputs=("info.json", "val_slice.npz", "calib.npz"),
+              # trained: model.pdparams + metrics.jsonl; imported (model.source=inference): the program's copy
+              optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.*"),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
                          "pipeline/text_metrics.py", "pipeline/layout.py"),
