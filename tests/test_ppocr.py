@@ -305,3 +305,14 @@ def test_text_direction_data_alternates_upright_and_upside_down(tmp_path):
     assert ds.val.images.shape == (4, 48, 192, 3) and to_tensor(ds.val.images, spec).shape == (4, 3, 48, 192)
     # PaddleOCR's padding stays on the right of an upside-down line too
     assert (ds.val.images[1][:, -8:].std() < ds.val.images[1][:, :40].std())
+
+
+def test_limit_spec_refuses_validation_pages_the_rule_would_resize():
+    from pipeline.errors import ConfigError
+    from pipeline.tasks.detection import DetectionTask
+
+    task = DetectionTask({"resize": "limit", "limit_side_len": 736, "limit_type": "min", "mean": [0.5] * 3,
+                          "std": [0.5] * 3})
+    assert task.preprocess_spec({"height": 736, "width": 768}, {})["limit_type"] == "min"
+    with pytest.raises(ConfigError, match="resizes the 640x640 validation pages to 736x736"):
+        task.preprocess_spec({"height": 640, "width": 640}, {})

@@ -127,6 +127,7 @@ class DetectionTask:
         size the gated validation pages have (with limit, a page already at multiples of 32 within the limit)."""
         size = {"height": int(data_cfg["height"]), "width": int(data_cfg["width"])}
         if self.pre.get("resize") == "limit":
+            _check_limit_size(size["height"], size["width"], int(self.pre["limit_side_len"]), self.pre["limit_type"])
             return {**size, "resize": "limit", "limit_side_len": int(self.pre["limit_side_len"]),
                     "limit_type": self.pre["limit_type"], "channels": 3, "channel_order": "BGR",
                     "mean": [float(v) for v in self.pre["mean"]], "std": [float(v) for v in self.pre["std"]]}
@@ -135,3 +136,16 @@ class DetectionTask:
 
     def postprocess_spec(self, info: dict) -> dict:
         return {"type": "db", **self.params.to_dict(), "iou": self.iou, "shrink_ratio": self.shrink_ratio}
+
+
+def _check_limit_size(h: int, w: int, limit: int, kind: str) -> None:
+    """The gated validation pages are arrays of one size: the limit rule must keep that size, or HTTP /predict
+    and the system (which apply the rule to each page) would feed the model another input than the gates."""
+    from ..ocr.ppocr import det_resize_shape
+
+    got = det_resize_shape(h, w, limit, kind)
+    if got != (h, w):
+        raise ConfigError(f"detection.resize=limit (limit_side_len {limit}, limit_type {kind}) resizes the "
+                          f"{h}x{w} validation pages to {got[0]}x{got[1]}",
+                          hint="set data.height/data.width to a size the rule keeps (multiples of 32; for "
+                               f"limit_type {kind}: {'no side above' if kind == 'max' else 'no side below'} {limit})")
