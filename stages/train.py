@@ -184,6 +184,7 @@ def run(ctx: StageContext) -> StageResult:
         task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
     _note_output_kind(task, model, first)
     initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    before = _pretrained_metrics(task, model, ds, spec) if pretrained else {}
     classes = shape[-1]
     if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
         check_labels(classes, ds.train.labels, "training set")
@@ -224,7 +225,7 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(
         gates=[gate],
         precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
-        metrics={**val_metrics, **moved, "epochs": len(history), "best_epoch": train_info["best_epoch"],
+        metrics={**val_metrics, **moved, **before, "epochs": len(history), "best_epoch": train_info["best_epoch"],
                  "skipped_steps": sum(h["skipped_steps"] for h in history),
                  "scaler_skipped_steps": sum(h.get("scaler_skipped_steps", 0) for h in history),
                  "nonfinite_loss_steps": sum(h.get("nonfinite_loss_steps", 0) for h in history),
@@ -247,6 +248,15 @@ def _note_output_kind(task, model, x: np.ndarray) -> None:
             task.outputs = "probabilities"
             log.info("[train] the model outputs probabilities (softmax): CTC gets log-probabilities, gates compare "
                      "log-probabilities")
+
+
+def _pretrained_metrics(task, model, ds, spec) -> dict:
+    """The starting point's validation metrics, so a fine-tune reports before vs after."""
+    from pipeline.train_loop import predict
+
+    out = task.metrics(predict(model, to_tensor(ds.val.images, spec), batch=16), ds.val.labels)
+    log.info("[train] pretrained model before training: %s", out)
+    return {f"pretrained_{k}": v for k, v in out.items()}
 
 
 def check_weights_moved(model, initial: dict, final: dict, lr: float) -> dict:
