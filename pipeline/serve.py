@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from fastapi import Request   # module level: FastAPI resolves the (string) annotations from globals
 
-from . import tempdirs
+from . import imagedecode, tempdirs
 from .errors import ConfigError, DataError, PipelineError
 
 log = logging.getLogger("pipeline.serve")
@@ -32,7 +32,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024      # defaults of the serve.* config keys
 MAX_PIXELS = 4096 * 4096
 MAX_CONCURRENCY = 8
 MAX_BATCH = 64
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg")
+IMAGE_TYPES = tuple(imagedecode.CONTENT_TYPES)   # the allow-list: PNG, JPEG, BMP, GIF, TIFF, WebP
 
 
 class _BadRequest(Exception):
@@ -338,39 +338,54 @@ async def read_body(request, max_body: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+async def image_upload(request, body: bytes, what: str = "image") -> bytes:
+    """The image bytes of a (size-capped, already read) body: the file part of a multipart form, or a raw
+    image/* body. The declared content-type must name the format the bytes are (pipeline/imagedecode)."""
     from starlette.requests import Request
 
-    from .preprocess import ImageTooLarge, decode_image_bytes, to_tensor
-
-    body = await read_body(request, max_body)
-    if not body:
-        raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype == "application/json":
-        return _json_tensor(body, want)
     if ctype == "multipart/form-data":
         async def replay():                      # the body was already read (size-capped) above
             return {"type": "http.request", "body": body, "more_body": False}
         try:
             form = await Request(request.scope, replay).form(max_files=1, max_fields=4)
         except Exception as exc:                 # malformed multipart of any kind is the client's fault
-            raise _BadRequest(400, f"malformed multipart body: {exc}") from None
+            raise _BadRequest(400, f"malformed multipart body: {str(exc)[:200]}") from None
         files = [v for v in form.values() if hasattr(v, "read")]
         if not files:
-            raise _BadRequest(400, "multipart body has no file part (send the image as field 'file')")
+            raise _BadRequest(400, f"multipart body has no file part (send the {what} as field 'file')")
         body = await files[0].read()
         if not body:
             raise _BadRequest(400, "the uploaded file is empty")
+        ctype = (files[0].content_type or "").split(";")[0].strip().lower()
     elif ctype not in IMAGE_TYPES:
-        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg, "
-                               "multipart/form-data or application/json")
+        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use {', '.join(IMAGE_TYPES)}, "
+                               "multipart/form-data" + (" or application/json" if what == "image" else ""))
+    try:
+        imagedecode.check_content_type(ctype, body)
+    except DataError as exc:
+        raise _BadRequest(415, exc.one_line()) from None
+    return body
+
+
+def decode_refusal(exc: DataError) -> _BadRequest:
+    """How an image the decoder refused is answered: 413 over the pixel limit, else 400."""
+    return _BadRequest(413 if isinstance(exc, imagedecode.ImageTooLarge) else 400, exc.one_line())
+
+
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    from .preprocess import decode_image_bytes, to_tensor
+
+    body = await read_body(request, max_body)
+    if not body:
+        raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+        return _json_tensor(body, want)
+    body = await image_upload(request, body)
     try:
         img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
-    except ImageTooLarge as exc:
-        raise _BadRequest(413, exc.one_line()) from None
     except DataError as exc:
-        raise _BadRequest(400, exc.one_line()) from None
+        raise decode_refusal(exc) from None
     return to_tensor(img[None], infer_cfg["preprocess"])
 
 
