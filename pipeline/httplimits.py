@@ -128,6 +128,16 @@ def uvicorn_config(app, limits: HttpLimits | None = None, **kw):
                                                                        "access_log": False, **kw})
 
 
+def stop_quietly_on_sigterm() -> None:
+    """uvicorn shuts down gracefully on SIGTERM, then re-raises the signal at the handler it found: make
+    that handler a no-op, so `serve` returns (cleanup, exit 0) instead of dying by the signal afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: None)
+
+
 # ------------------------------------------------------------------------------------ ASGI
 
 async def send_error(send, status: int, message: str, headers: tuple = ()) -> None:

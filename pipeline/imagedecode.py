@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -75,9 +76,14 @@ def _open(data: bytes, what: str, max_pixels: int | None) -> Image.Image:
         head = data[:8].hex(" ") if data else "nothing"
         raise UnreadableImage(f"{what} is not a readable image: not {SUPPORTED} (its first bytes are {head})",
                                 hint=f"convert it to PNG or JPEG; formats read: {SUPPORTED}")
-    with warnings.catch_warnings():        # PIL warns on big headers; with a limit we decide ourselves
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        img = Image.open(io.BytesIO(data), formats=[fmt])
+    try:
+        with warnings.catch_warnings():    # PIL warns on big headers; with a limit we decide ourselves
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=[fmt])
+    except Image.DecompressionBombError:   # over twice PIL's own limit: refused by the header too
+        raise ImageTooLarge(f"{what} announces more than {2 * Image.MAX_IMAGE_PIXELS:,} pixels"
+                            + (f"; the limit is {max_pixels:,} (serve.max_pixels)" if max_pixels else ""),
+                            hint="downscale it") from None
     if max_pixels is not None and img.width * img.height > max_pixels:
         img.close()
         raise ImageTooLarge(f"{what} is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
@@ -99,6 +105,7 @@ def load(data: bytes, *, mode: str = "L", max_pixels: int | None = None, what: s
         raise
     except Exception as exc:                 # noqa: BLE001 - decoders raise anything (NotImplementedError, struct.error, ...)
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        why = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", why)      # no "<_io.BytesIO object at 0x…>"
         raise UnreadableImage(f"{what} is not a readable {sniff(data)} image ({why})",
                               hint="re-save it as PNG or JPEG") from None
 

@@ -25,7 +25,8 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 
 from . import imagedecode, tempdirs
 from .errors import ConfigError, DataError, PipelineError
-from .httplimits import ConcurrencyLimit, HttpLimits, declared_too_big, streamed_too_big, uvicorn_config
+from .httplimits import (ConcurrencyLimit, HttpLimits, declared_too_big, stop_quietly_on_sigterm, streamed_too_big,
+                         uvicorn_config)
 
 log = logging.getLogger("pipeline.serve")
 
@@ -482,6 +483,7 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
                  app.state.endpoints)
         log.info("request log: %s", "one line per request" if app_kw.get("log_requests") else
                  f"a summary line per {app.state.traffic.every_s:g} s of traffic (serve.access_log=true: one per request)")
+        stop_quietly_on_sigterm()
         uvicorn.Server(uvicorn_config(app, limits)).run(sockets=[sock])
         log.info("stopped")
     finally:

@@ -71,6 +71,8 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
     if len(class_dirs) < 2:
         raise DataError(f"image folder {root} has only one class ({class_dirs[0].name}); "
                         "classification needs at least 2", hint="add a subfolder per class")
+    for d in class_dirs:
+        _check_class_name(d)
     spec = {"height": height, "width": width, "resize": "stretch"}
     images: list[np.ndarray] = []
     labels: list[int] = []
