@@ -80,8 +80,10 @@ def _open(data: bytes, what: str, max_pixels: int | None) -> Image.Image:
         with warnings.catch_warnings():    # PIL warns on big headers; with a limit we decide ourselves
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=[fmt])
-    except Image.DecompressionBombError:   # over twice PIL's own limit: refused by the header too
-        raise ImageTooLarge(f"{what} announces more than {2 * Image.MAX_IMAGE_PIXELS:,} pixels"
+    except Image.DecompressionBombError as exc:   # over twice PIL's own limit: refused by the header too
+        count = re.search(r"\((\d+) pixels\)", str(exc))
+        announced = f"{int(count.group(1)):,}" if count else f"more than {2 * Image.MAX_IMAGE_PIXELS:,}"
+        raise ImageTooLarge(f"{what} announces {announced} pixels"
                             + (f"; the limit is {max_pixels:,} (serve.max_pixels)" if max_pixels else ""),
                             hint="downscale it") from None
     if max_pixels is not None and img.width * img.height > max_pixels:
