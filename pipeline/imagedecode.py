@@ -101,7 +101,7 @@ def load(data: bytes, *, mode: str = "L", max_pixels: int | None = None, what: s
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     try:
         img = _open(data, what, max_pixels)
-        img = ImageOps.exif_transpose(img) or img
+        ImageOps.exif_transpose(img, in_place=True)      # in place: no copy when there is nothing to turn
         return to_mode(img, "L" if mode == "L" else "RGB")
     except DataError:
         raise

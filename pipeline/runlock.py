@@ -9,7 +9,8 @@ would hide that (and could wait for hours).
 flock belongs to the open file: a `kill -9` or a crash releases it with the process, so no stale lock
 can block the next run (the holder text left in the file is just overwritten). The ranks of one
 distributed training (pipeline/distributed.py) are children of the process holding the lock: it passes
-the folder in PIPELINE_RUN_LOCKED and a Runner inside a rank does not lock it again.
+the folder in PIPELINE_RUN_LOCKED and a Runner inside a rank does not lock it again. In a multi-node
+training only node 0 (the node whose rank 0 writes the outputs) locks.
 """
 from __future__ import annotations
 
@@ -94,13 +95,18 @@ def release(fd, previous: str | None) -> None:
             os.environ[ENV] = previous
 
 
+def _writes_outputs(layout) -> bool:
+    """Only node 0 of a multi-node training writes the outputs (the nodes may share one folder)."""
+    return layout is None or getattr(layout, "nnodes", 1) <= 1 or not getattr(layout, "node_rank", 0)
+
+
 def exclusive(method):
     """Decorator for Runner.run: hold the run folder's lock around it; file-system errors of the run
     itself (config.resolved.yaml) become one StorageError line."""
     @functools.wraps(method)
     def wrapper(self, *args, **kw):
         previous = os.environ.get(ENV)
-        fd = acquire(self.run_dir)
+        fd = acquire(self.run_dir) if _writes_outputs(self.layout) else None
         try:
             return method(self, *args, **kw)
         except OSError as exc:
