@@ -114,6 +114,15 @@ class Tolerance(Section):
     metric_delta: float = NonNegFloat                        # allowed drop of the primary metric
     min_agreement: Optional[float] = Field(default=None, ge=0, le=1)   # argmax / decoded-text agreement
 
+    @model_validator(mode="after")
+    def _can_fail(self):
+        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound and no agreement
+        # floor the gate would pass any output, a broken model's included
+        if self.atol is None and self.metric_delta >= 1.0 and not self.min_agreement:
+            raise ValueError("this gate cannot fail (atol: null, metric_delta >= 1 and no min_agreement): "
+                             "set an atol, a metric_delta below 1 or a min_agreement above 0")
+        return self
+
 
 class ExportCfg(Section):
     gate: Tolerance

@@ -104,11 +104,12 @@ def exclusive(method):
     """Decorator for Runner.run: hold the run folder's lock around it; file-system errors of the run
     itself (config.resolved.yaml) become one StorageError line."""
     @functools.wraps(method)
-    def wrapper(self, *args, **kw):
+    def wrapper(self, names, *args, **kw):
+        self.resolve(names)          # a refused stage list is answered before any folder (or lock) exists
         previous = os.environ.get(ENV)
         fd = acquire(self.run_dir) if _writes_outputs(self.layout) else None
         try:
-            return method(self, *args, **kw)
+            return method(self, names, *args, **kw)
         except OSError as exc:
             raise storage_error("run", exc) from None
         finally:

@@ -22,10 +22,9 @@ def run(ctx: StageContext) -> StageResult:
     import paddle
     from paddle.static import InputSpec
 
-    train_dir = ctx.inputs["train"]
-    info = json.loads(require_file(train_dir / "info.json", "training info", "make train").read_text())
-    state = paddle.load(str(require_file(train_dir / "model.pdparams", "trained parameters", "make train")))
-    with np.load(require_file(train_dir / "val_slice.npz", "validation slice", "make train")) as z:
+    info = json.loads(require_file(ctx.input("train", "info.json"), "training info", "make train").read_text())
+    state = paddle.load(str(require_file(ctx.input("train", "model.pdparams"), "trained parameters", "make train")))
+    with np.load(require_file(ctx.input("train", "val_slice.npz"), "validation slice", "make train")) as z:
         x, labels, reference, images = z["inputs"], z["labels"], z["outputs"], z["images"]
 
     paddle.set_device("cpu")
@@ -62,5 +61,6 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
+              outputs=("inference.pdmodel", "inference.pdiparams", "reference.npz", "info.json"),
               code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
+from pipeline.distributed import launch_stage
 from pipeline.errors import ConfigError, DataError, NonFiniteError
 from pipeline.gates import FAIL, OK, Check, Gate
 from pipeline.preprocess import to_tensor
@@ -248,7 +249,8 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
-              make_target="train", run=run, layout_keys=("train.nproc",),
+              make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
+              outputs=("model.pdparams", "info.json", "val_slice.npz", "calib.npz", "metrics.jsonl"),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
                          "pipeline/text_metrics.py", "pipeline/layout.py"),
