@@ -133,3 +133,32 @@ def test_image_folder_of_16bit_pngs_trains_on_the_real_pixels(tmp_path):
         Image.fromarray(np.full((8, 8), value * 257, np.uint16)).save(tmp_path / cls / "a.png")
     images, labels, names, _ = load_image_folder(tmp_path, 8, 8)
     assert names == ["dark", "light"] and images[0].max() == 20 and images[1].min() == 200
+
+
+def test_ocr_page_uploads_go_through_the_decoder():
+    """/ocr's request path (pipeline/ocr/service.py) on a stand-in route: the page the OCR system would get."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    from pipeline.ocr.service import _page_from_request
+    from pipeline.serve import base_app
+
+    app = base_app("t", ThreadPoolExecutor(1), max_concurrency=2, log_requests=False)
+
+    async def ocr(request):
+        page = await _page_from_request(request, 4 << 20, 1 << 26)
+        return JSONResponse({"shape": list(page.shape), "mean": float(page.mean())})
+    app.add_route("/ocr", ocr, methods=["POST"])
+
+    page = np.tile(GRAY, (4, 4))
+    post = lambda data, ctype="image/png": client.post("/ocr", content=data, headers={"content-type": ctype})  # noqa: E731
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = post(_encode(Image.fromarray(page.astype(np.uint16) * 257)))                  # 16-bit page
+        assert r.status_code == 200 and r.json() == {"shape": list(page.shape), "mean": float(page.mean())}
+        for data, words in [(b"DDS " + b"\0" * 380, "not a readable image"), (b"\0garbage" * 9, "not a readable"),
+                            (_encode(Image.new("L", (20000, 8), 255)), "20000x8"),
+                            (_encode(Image.fromarray(page).convert("RGB"), "JPEG"), "image/png")]:
+            r = post(data)
+            assert r.status_code == 400 and words in r.json()["error"] and "BytesIO" not in r.text, r.text
