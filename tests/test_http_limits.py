@@ -174,6 +174,7 @@ def _serve_process(bundle: Path, tmp_path: Path) -> tuple[subprocess.Popen, tupl
     pytest.fail(f"serve did not start: {proc.communicate()[0][-2000:]}")
 
 
+@pytest.mark.slow
 def test_sigterm_answers_requests_in_flight_then_exits_within_grace(smoke_bundle, tmp_path):
     bundle = smoke_bundle[0]
     with np.load(bundle / "samples" / "expected.npz") as z:
