@@ -48,7 +48,7 @@ export: $(STAMP)
 	$(PY) -m pipeline run export $(ARGS)
 
 deploy: $(STAMP)
-	$(PY) -m pipeline run server lite bundle $(ARGS)
+	$(PY) -m pipeline run deploy $(ARGS)
 
 server lite bundle: $(STAMP)
 	$(PY) -m pipeline run $@ $(ARGS)

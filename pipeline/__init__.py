@@ -6,8 +6,8 @@ imports this package before anything touches paddle.
 import zlib  # noqa: F401  -- must precede paddle: libpaddle exports its own zlib symbols (segfault otherwise)
 
 from .env import apply_cpu_tuning as _apply_cpu_tuning
+from .version import __version__  # noqa: F401
 
-__version__ = "0.1.0"
 _apply_cpu_tuning()
 # Paddle's C++ INFO/WARNING chatter (executor banners, deprecations) drowns the summary; errors stay visible
 __import__("os").environ.setdefault("GLOG_minloglevel", "2")

@@ -83,28 +83,41 @@ def _server_rows(run_dir: Path) -> dict[str, dict]:
     return {g["subject"]: g for g in man.get("gates", [])}
 
 
-def _paddle_inference(run_dir: Path, gate: dict, settings: dict, scratch: Path):
-    """The Paddle Inference row's engine, rebuilt from that run's own files and recorded settings."""
+def _model_file(run_dir: Path, kind: str, precision: str, scratch: Path) -> Path | None:
+    """Where a server row's model lives among the run's declared outputs (pipeline/catalogue.py);
+    the fp16-emulated model is not an output (not deployable): it is derived again from the export."""
     from .engines import paddle_infer as pi
 
-    prec = gate["precision_requested"]
-    export = Path(run_dir) / "export" / "inference"
-    kw = {k: settings[k] for k in ("threads", "mkldnn", "ir_optim") if k in settings}
-    if prec == "int8":
-        return pi.InferenceEngine(Path(run_dir) / "server" / "models" / "int8" / "model", "int8", **kw)
-    if prec == "fp16":
-        emu = Path(run_dir) / ".work" / "server" / "fp16_emulated" / "model"
-        if not Path(f"{emu}.pdmodel").is_file():          # scratch may be cleaned: the emulation is derived
-            emu = scratch / Path(run_dir).name / "fp16_emulated"
+    run_dir = Path(run_dir)
+    export, server = run_dir / "export" / "inference", run_dir / "server"
+    if kind == "paddle-inference":
+        if precision == "fp16":
+            emu = scratch / run_dir.name / "fp16_emulated"
             pi.make_fp16_emulated(export, emu)
-        return pi.InferenceEngine(emu, "fp16", **kw)
-    if prec == "bf16" and not pi.bf16_status()[0]:
+            return emu
+        return server / "models" / "int8" / "model" if precision == "int8" else export
+    if kind == "onnxruntime":
+        return server / "onnx" / ("model_int8.onnx" if precision == "int8" else "model.onnx")
+    if kind == "openvino":
+        return server / "openvino" / "model_int8.xml" if precision == "int8" else server / "onnx" / "model.onnx"
+    return None
+
+
+def rebuild(run_dir: Path, gate: dict, settings: dict, scratch: Path):
+    """A server row's engine from that run's own files, with the settings it was gated and served with: a
+    tuned row records one instance per batch profile, and single requests (what A/B times) go to `batch1`."""
+    from .engines import paddle_infer as pi
+    from .engines import registry
+
+    kind, prec = gate["subject"].split(" ")[0], gate["precision_requested"]
+    if kind == "paddle-inference" and prec == "bf16" and not pi.bf16_status()[0]:
         return None
-    return pi.InferenceEngine(export, prec, **kw)
-
-
-# engine kind (the first word of a server row's subject) -> builder(run_dir, gate, settings, scratch)
-BUILDERS: dict[str, Callable] = {"paddle-inference": _paddle_inference}
+    model = _model_file(run_dir, kind, prec, scratch)
+    if model is None:
+        raise KeyError(f"no rebuild recipe for '{kind}' rows")
+    one = dict(settings.get("batch1", settings))
+    opts = {k: one[k] for k in ("mkldnn", "ir_optim") if k in one} if kind == "paddle-inference" else {}
+    return registry.make(kind, model, prec, threads=int(one.get("threads") or 1), batch=1, spin=False, **opts)
 
 
 def comparable_rows(base_dir: Path, cur_dir: Path) -> list[tuple[str, dict, dict]]:
@@ -120,38 +133,42 @@ def comparable_rows(base_dir: Path, cur_dir: Path) -> list[tuple[str, dict, dict
 
 
 def ab_compare(base_dir: Path, cur_dir: Path, x: np.ndarray, *, growth: float, rounds: int, runs: int,
-               threads: int = 0, wrap_current: Callable | None = None) -> list[tuple[str, ABResult | None, str]]:
+               threads: int = 0, wrap_current: Callable | None = None,
+               wrap_rows: set[str] | None = None) -> list[tuple[str, ABResult | None, str]]:
     """A/B every comparable row; (key, result or None, note). `wrap_current` is for experiments/tests:
-    it wraps the new side's run function (e.g. a planted slowdown)."""
+    it wraps the new side's run function (e.g. a planted slowdown) of the rows named in `wrap_rows`
+    (server row subjects; None = every row)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="ab-latency-") as tmp:
         for subject, b_gate, c_gate in comparable_rows(base_dir, cur_dir):
             key = f"server: {subject}"
             c_set = dict((c_gate.get("extra") or {}).get("settings") or {})
             b_set = dict((b_gate.get("extra") or {}).get("settings") or c_set)
-            if threads:        # both sides alike; see regression.ab_threads
-                c_set["threads"] = b_set["threads"] = threads
-            build = BUILDERS.get(subject.split(" ")[0])
-            if build is None:      # said, not hidden: the row's latency is recorded but not judged
-                results.append((key, None, f"not A/B-measured: no rebuild recipe for '{subject.split(' ')[0]}' rows "
-                                           "yet (pipeline/ab_latency.py BUILDERS)"))
-                continue
+            if threads:        # both sides alike, both profiles; see regression.ab_threads
+                c_set, b_set = _with_threads(c_set, threads), _with_threads(b_set, threads)
             try:
-                a_eng = build(base_dir, b_gate, b_set, Path(tmp))
-                b_eng = build(cur_dir, c_gate, c_set, Path(tmp))
+                a_eng = rebuild(base_dir, b_gate, b_set, Path(tmp))
+                b_eng = rebuild(cur_dir, c_gate, c_set, Path(tmp))
             except Exception as exc:          # a vanished/damaged artifact: say so, do not guess a latency
                 results.append((key, None, f"not A/B-measured: {str(exc).splitlines()[0][:200]}"))
                 continue
             if a_eng is None or b_eng is None:
                 results.append((key, None, "not A/B-measured: this machine cannot run the row"))
                 continue
-            b_fn = wrap_current(b_eng.run) if wrap_current else b_eng.run
+            planted = wrap_current and (wrap_rows is None or subject in wrap_rows)
+            b_fn = wrap_current(b_eng.run) if planted else b_eng.run
             log.info("[nightly] A/B latency %s", key)
             results.append((key, measure(a_eng.run, b_fn, x[:1], rounds=rounds, runs=runs, key=key), ""))
             for e in (a_eng, b_eng):
                 with contextlib.suppress(Exception):
                     e.close()
     return results
+
+
+def _with_threads(settings: dict, threads: int) -> dict:
+    if "batch1" in settings:
+        return {p: ({**v, "threads": threads} if isinstance(v, dict) else v) for p, v in settings.items()}
+    return {**settings, "threads": threads}
 
 
 def sample_input(run_dir: Path) -> np.ndarray | None:

@@ -6,10 +6,9 @@ import logging
 import os
 import sys
 
-from . import env
+from . import catalogue, env
 from .errors import PipelineError
-
-ALIASES = {"deploy": ["server", "lite", "bundle"], "all": ["train", "export", "server", "lite", "bundle"]}
+from .session import load, run_stages
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -30,7 +29,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run stages: train export server lite bundle (or 'deploy', 'all')")
+    run = sub.add_parser("run", help="run stages by name or alias ('deploy', 'all'); `stages` lists them")
     run.add_argument("stages", nargs="+")
     run.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1",
                      help="re-run stages even when up to date (env FORCE=1)")
@@ -41,9 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1")
     _config_args(launch)
     _layout_args(launch)
-    launch.set_defaults(func=lambda a: __import__("pipeline.distributed", fromlist=["launch"]).launch(a))
+    launch.set_defaults(func=_launch)
     show = sub.add_parser("summary", help="print the summary table of a run")
     _config_args(show)
+    st = sub.add_parser("stages", help="the stage catalogue: order, inputs, outputs (or the names a task runs)")
+    st.add_argument("--task", help="print only the stage names a run of this task goes through (one line)")
+    st.add_argument("--alias", default="all", help="with --task: the stages this alias runs (all, deploy)")
+    st.set_defaults(func=_stages)
     from . import cli_tools              # verify / serve / history / nightly / accept
     cli_tools.register(sub, _config_args)
     from . import conformance            # make conformance
@@ -51,46 +54,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args):
-    from .config import load_config
-    cfg = load_config(args.config, args.override)
-    if cfg.run.threads:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(cfg.run.threads)
-    return cfg
-
-
-def run_stages(cfg, names: list[str], force: bool = False, layout=None):
-    """Run stages, print the summary and one line per failure; returns (outcomes, exit code).
-
-    The one way every command (run, nightly, launch) runs stages and reports them. `layout`: the
-    training process layout (pipeline/layout.py); None plans it from the config."""
-    from .runner import Runner, registry
-    from .summary import print_summary
-
-    outcomes = Runner(cfg, force=force, layout=layout).run(names)
-    print_summary(cfg.run_dir, list(registry()), {o.stage: o.status for o in outcomes})
-    errors = [o for o in outcomes if o.error is not None and o.status != "NOT RUN"]
-    for o in errors:
-        print(f"error: {o.error.one_line()}", file=sys.stderr)
-    not_run = [o.stage for o in outcomes if o.status == "NOT RUN"]
-    if not_run:
-        print(f"not run (an input stage failed): {', '.join(not_run)}", file=sys.stderr)
-    return outcomes, (errors[0].error.exit_code if errors else 0)
+def _launch(args) -> int:
+    from .distributed import launch
+    return launch(args)
 
 
 def _run(args) -> int:
     from .layout import plan
 
-    cfg = _load(args)
-    names = [n for s in args.stages for n in ALIASES.get(s, [s])]
+    cfg = load(args)
     if cfg.task == "ocr_system":        # two part runs, then the system stage (pipeline/composite.py)
         from .composite import run_system
         env.import_paddle_quietly()
-        return run_system(cfg, names, args.force, run_stages)
+        return run_system(cfg, args.stages, args.force, run_stages)
+    names = catalogue.expand(args.stages, cfg.task)       # refuses unknown / inapplicable stages in one line
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
         env.import_paddle_quietly()      # a parent that only launches ranks does not need paddle itself
     return run_stages(cfg, names, force=args.force, layout=layout)[1]
+
+
+def _stages(args) -> int:
+    """The catalogue as a table, or (--task) the names a run goes through: what the Makefile asks."""
+    if args.task:
+        print(" ".join(catalogue.expand([args.alias], args.task)))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="stages (order from their declared inputs)")
+    for col in ("stage", "inputs", "outputs (? = when its row ran)", "make", "tasks"):
+        table.add_column(col)
+    for s in catalogue.describe():
+        outs = ", ".join(s["outputs"] + [f"{o}?" for o in s["optional"]])
+        table.add_row(s["name"], ", ".join(s["inputs"]), outs, s["make"], ", ".join(s["tasks"]))
+    Console().print(table)
+    return 0
 
 
 def setup_logging() -> None:
@@ -105,6 +104,10 @@ def setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import supervise
+
+    if argv is None and supervise.wanted(sys.argv[1:]):     # the real CLI: a kernel kill gets a clear line
+        return supervise.run_supervised(sys.argv[1:])
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
@@ -115,13 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "summary":
             from .errors import MissingArtifact
-            from .runner import registry
             from .summary import print_summary
-            cfg = _load(args)
+            cfg = load(args)
             if not cfg.run_dir.is_dir():
                 raise MissingArtifact(f"no run folder {cfg.run_dir}",
                                       hint="run a stage first (make train), or pass the same CONFIG/O as that run")
-            print_summary(cfg.run_dir, list(registry()), {})
+            print_summary(cfg.run_dir, catalogue.for_task(cfg.task), {})
             return 0
         return int(args.func(args) or 0)   # subcommands from cli_tools
     except PipelineError as exc:

@@ -62,7 +62,7 @@ def _trust(args, cfg):
 
 
 def _verify(args) -> int:
-    from .cli import _load
+    from .session import load as _load
     from .env import import_paddle_quietly
     from .verify import verify_or_raise
 
@@ -105,26 +105,26 @@ def _sign(args) -> int:
 
 
 def _serve(args) -> int:
-    from .cli import _load
+    from .session import load as _load
     from .env import import_paddle_quietly
-    from .serve import serve
-
-    from .serve import bind
+    from .httplimits import HttpLimits
+    from .serve import bind, serve
 
     cfg = _load(args)
     sock = bind(args.host, args.port)        # a bad or busy port: one line now, not after loading the model
     import_paddle_quietly()
     sv = cfg.serve
-    serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg),
+    serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg), limits=HttpLimits.from_config(sv),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
           log_requests=sv.access_log,
           archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine)
     return 0
 
 
-def _stage_order() -> list[str]:
-    from .runner import registry
-    return list(registry())
+def _stage_order(cfg) -> list[str]:
+    """The chain of this config's task (the catalogue decides; the OCR system stage is not in a model's chain)."""
+    from .catalogue import for_task
+    return for_task(cfg.task)
 
 
 def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, str]) -> int:
@@ -132,9 +132,14 @@ def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, st
     from .errors import RegressionFound
     from .regression import check_run, regression_block
 
-    res = check_run(cfg, run_dir, _stage_order(), baseline=baseline, stage_errors=stage_errors)
-    n = len(res["comparisons"])
-    print(f"baseline: {res['baseline_label']} · {n - len(res['regressions'])}/{n} comparisons OK")
+    res = check_run(cfg, run_dir, _stage_order(cfg), baseline=baseline, stage_errors=stage_errors)
+    comps = res["comparisons"]
+    unmeasured = [c for c in comps if not c.measured]
+    ok = sum(c.passed and c.measured for c in comps)
+    print(f"baseline: {res['baseline_label']} · {ok} comparisons OK, {len(res['regressions'])} regressed, "
+          f"{len(unmeasured)} not measured")
+    for c in unmeasured:
+        print(f"  not measured: {c.message}")
     print(f"wrote {res['junit']} and {res['report']}")
     if res["regressions"]:
         print(regression_block(res["baseline_label"], res["regressions"]), file=sys.stderr)
@@ -145,25 +150,29 @@ def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, st
 
 
 def _nightly(args) -> int:
-    from .cli import _load, run_stages
+    from .session import load as _load, run_stages
     from .env import import_paddle_quietly
     from .errors import ConfigError
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    args.override = [f"run.name=nightly-{stamp}"] + list(args.override)    # a user's run.name still wins
+    name = _load(args).run.name           # the series (nightly, nightly_rec, ...): one baseline per series
+    args.override = list(args.override) + [f"run.name={name}-{stamp}"]
     cfg = _load(args)
     if cfg.run_dir.exists():
         raise ConfigError(f"nightly needs a fresh run folder, {cfg.run_dir} exists",
                           hint="drop the run.name override (a timestamped name is chosen)")
+    if cfg.task == "ocr_system":
+        raise ConfigError("nightly runs one model's chain; task: ocr_system joins two runs",
+                          hint="run the nightly on each part's config (its detection and recognition configs)")
     import_paddle_quietly()
-    outcomes, code = run_stages(cfg, _stage_order())    # a fresh folder: nothing to skip
+    outcomes, code = run_stages(cfg, _stage_order(cfg))    # a fresh folder: nothing to skip
     errors = {o.stage: o.error.one_line() for o in outcomes if o.error is not None}
     finished = _finish(cfg, cfg.run_dir, args.baseline, errors)   # junit/report/history even for a failed run
     return code or finished
 
 
 def _compare(args) -> int:
-    from .cli import _load
+    from .session import load as _load
     from .errors import MissingArtifact
 
     run_dir = args.run_dir.resolve()
@@ -177,26 +186,27 @@ def _compare(args) -> int:
 
 
 def _accept(args) -> int:
-    from .cli import _load
+    from .session import load as _load
     from .errors import MissingArtifact
     from .history import History
-    from .regression import accept, history_path
+    from .regression import accept, history_path, series
 
     cfg = _load(args)
     run_dir = args.run_dir
     if run_dir is None:
         nightly = [r for r in History(history_path(cfg)).runs(200)
-                   if r["name"].startswith("nightly-") and Path(r["run_dir"]).is_dir()]
+                   if series(r["name"]) == cfg.run.name != r["name"] and Path(r["run_dir"]).is_dir()]
         if not nightly:
-            raise MissingArtifact("no nightly run recorded to accept", hint="run `make nightly` or pass RUN=runs/<name>")
+            raise MissingArtifact(f"no '{cfg.run.name}' nightly run recorded to accept",
+                                  hint="run `make nightly` (same NIGHTLY_CONFIG) or pass RUN=runs/<name>")
         run_dir = Path(nightly[0]["run_dir"])
-    marker = accept(cfg, run_dir, _stage_order())
+    marker = accept(cfg, run_dir, _stage_order(cfg))
     print(f"baseline is now {run_dir} (recorded in {marker})")
     return 0
 
 
 def _history(args) -> int:
-    from .cli import _load
+    from .session import load as _load
     from .history import History, print_trend
     from .regression import history_path
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from . import catalogue
 from .config import ROOT, Config, load_config
 from .errors import ConfigError
 
@@ -52,16 +53,19 @@ def part_configs(cfg: Config) -> dict[str, Config]:
     return out
 
 
-def run_system(cfg: Config, names: list[str], force: bool, run_stages) -> int:
-    """Run the parts' stages (all but `system`), then `system` when bundles were requested."""
+def run_system(cfg: Config, requested: list[str], force: bool, run_stages) -> int:
+    """Run the parts' stages (what `requested` means for each part's task, e.g. `all`), then `system`
+    when bundles were requested."""
     parts = part_configs(cfg)
-    part_names = [n for n in names if n != "system"]
+    system = catalogue.expand(["all"], cfg.task)          # the stages of the system task itself
+    names = [n for n in requested if n not in system]
     for role, part in parts.items():
+        part_names = catalogue.expand(names, part.task) if names else []
         if part_names:
             log.info("[system] %s part: %s into %s", role, " ".join(part_names), part.run_dir)
             _, code = run_stages(part, part_names, force)
             if code:
                 return code
-    if "bundle" in names or "system" in names:
-        return run_stages(cfg, ["system"], force)[1]
+    if set(requested) & {"all", "deploy", "bundle", *system}:
+        return run_stages(cfg, system, force)[1]
     return 0

@@ -127,6 +127,15 @@ class Tolerance(Section):
     metric_delta: float = NonNegFloat                        # allowed drop of the primary metric
     min_agreement: Optional[float] = Field(default=None, ge=0, le=1)   # argmax / decoded-text agreement
 
+    @model_validator(mode="after")
+    def _can_fail(self):
+        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound and no agreement
+        # floor the gate would pass any output, a broken model's included
+        if self.atol is None and self.metric_delta >= 1.0 and not self.min_agreement:
+            raise ValueError("this gate cannot fail (atol: null, metric_delta >= 1 and no min_agreement): "
+                             "set an atol, a metric_delta below 1 or a min_agreement above 0")
+        return self
+
 
 class ExportCfg(Section):
     gate: Tolerance
@@ -223,6 +232,11 @@ class ServeCfg(Section):
     max_pixels: int = PosInt
     max_concurrency: int = PosInt
     access_log: bool
+    max_header_bytes: int = Field(ge=1024)      # below 1 KiB ordinary clients' headers would be refused
+    header_timeout_s: float = Field(gt=0)
+    body_timeout_s: float = Field(gt=0)
+    keepalive_s: float = Field(gt=0)
+    grace_s: float = Field(ge=0)
 
 
 class DetectionCfg(Section):

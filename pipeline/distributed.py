@@ -24,19 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+from .layout import world  # noqa: F401  (re-exported: stages and ranks ask here)
+
 ROOT = Path(__file__).resolve().parent.parent
 STATUS = "status.{}.json"
 PEER_LOST = ("gloo::IoException", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
 CRASH = ("terminate called after throwing", "C++ Traceback", "Error Message Summary")
-
-
-def world() -> tuple[int, int]:
-    """(rank, number of processes); (0, 1) unless init_parallel_env() has run in this process."""
-    import paddle.distributed as dist
-
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(), dist.get_world_size()
 
 
 # ---------------------------------------------------------------- the parent (a Runner with a multi-process layout)
@@ -213,7 +206,7 @@ def _signal_name(code: int | None) -> str:
 
 def launch(args) -> int:
     """`python -m pipeline launch --nproc N`: `run train` with an explicit layout (kept for old command lines)."""
-    from .cli import _load, run_stages
+    from .session import load as _load, run_stages
     from .layout import plan
 
     cfg = _load(args)                     # bad config: one line, before any process starts

@@ -165,7 +165,7 @@ def versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    from . import __version__
+    from .version import __version__
     out["pipeline"] = __version__
     return out
 

@@ -72,10 +72,12 @@ class History:
                                 " ORDER BY g.rowid", (run_name,)).fetchall()
         return [dict(r) for r in rows]
 
-    def last_passed(self, exclude: str | None = None) -> dict | None:
-        """The newest run that passed every gate and comparison, other than `exclude`, whose folder still exists."""
+    def last_passed(self, exclude: str | None = None, where=None) -> dict | None:
+        """The newest run that passed every gate and comparison, other than `exclude`, whose folder still exists
+        (and for which `where(run)` holds, e.g. the same nightly series)."""
         for r in self.runs(limit=200):
-            if r["name"] != exclude and r["status"] == "passed" and Path(r["run_dir"]).is_dir():
+            if (r["name"] != exclude and r["status"] == "passed" and Path(r["run_dir"]).is_dir()
+                    and (where is None or where(r))):
                 return r
         return None
 

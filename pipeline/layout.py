@@ -157,10 +157,17 @@ def plan(cfg, nproc: int | str | None = None, nnodes: int = 1, master: str | Non
                   master=master, node_rank=node_rank if nnodes > 1 else None)
 
 
+def world() -> tuple[int, int]:
+    """(rank, number of processes); (0, 1) unless init_parallel_env() has run in this process."""
+    import paddle.distributed as dist
+
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
 def current() -> Layout:
     """The layout this very process runs in (inside a launched rank, or a plain single process)."""
-    from .distributed import world
-
     _, size = world()
     nnodes = int(os.environ.get("PADDLE_NNODES", "1")) if size > 1 else 1
     nproc = int(os.environ.get("PADDLE_LOCAL_SIZE", size)) if size > 1 else 1

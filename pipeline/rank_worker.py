@@ -44,7 +44,7 @@ def _decide_skip(runner, stage, fp: str, rank: int) -> bool:
 
 def _run_rank(cfg, force: bool, rank: int) -> tuple[str, int, str | None]:
     from .layout import current
-    from .runner import Runner, StageContext, fingerprint, registry
+    from .runner import Runner, StageContext, fingerprint, registry  # noqa: F401
 
     layout = current()
     stage = registry()["train"]

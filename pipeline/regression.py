@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,20 @@ from .gates import Check, metric_check
 
 MODEL_SUFFIXES = (".pdmodel", ".pdiparams", ".nb")
 BASELINE_FILE = "BASELINE"       # <run.root>/BASELINE names the accepted run (written by `accept`)
+_STAMP = re.compile(r"-\d{8}T\d{6}Z$")   # nightly run folders: <series>-<UTC time>
+
+
+def series(run_name: str) -> str:
+    """The nightly series a run belongs to: its name without the timestamp (nightly-2026...Z -> nightly)."""
+    return _STAMP.sub("", run_name)
+
+
+def baseline_marker(root: Path, run_name: str) -> Path:
+    """One accepted baseline per series (the config's run.name without a timestamp): runs/BASELINE for the
+    default nightly, runs/BASELINE.<series> for others (a recognition nightly must not replace the
+    classification nightly's baseline)."""
+    name = series(run_name)
+    return Path(root) / (BASELINE_FILE if name in ("nightly", "") else f"{BASELINE_FILE}.{name}")
 
 
 @dataclass
@@ -34,6 +49,7 @@ class Comparison:
     limit: str
     passed: bool
     message: str
+    measured: bool = True        # False: nothing was compared (said with the reason; never counted as a pass)
 
 
 def _resolve(path: str | Path, base: Path) -> Path:
@@ -158,7 +174,7 @@ def _precision(key: str, base: str, cur: str) -> Comparison:
 
 
 def latency_ab(base_dir: Path, cur_dir: Path, *, growth: float, rounds: int, runs: int, threads: int = 0,
-               wrap_current=None) -> list[Comparison]:
+               wrap_current=None, wrap_rows=None) -> list[Comparison]:
     """Latency comparisons measured now, A/B, on both runs' own artifacts (see pipeline/ab_latency.py)."""
     from .ab_latency import ab_compare, sample_input
 
@@ -167,10 +183,10 @@ def latency_ab(base_dir: Path, cur_dir: Path, *, growth: float, rounds: int, run
         return []
     out = []
     for key, res, note in ab_compare(base_dir, cur_dir, x, growth=growth, rounds=rounds, runs=runs,
-                                     threads=threads, wrap_current=wrap_current):
+                                     threads=threads, wrap_current=wrap_current, wrap_rows=wrap_rows):
         name = f"latency · {key} (A/B)"
         if res is None:
-            out.append(Comparison(name, "latency", None, None, "A/B", True, f"{key}: {note}"))
+            out.append(Comparison(name, "latency", None, None, "A/B", True, f"{key}: {note}", measured=False))
         else:
             out.append(Comparison(name, "latency", round(res.a_ms[1], 4), round(res.b_ms[1], 4),
                                   f"ratio ≤ {1 + growth:.2f} (or p10 ≤ 1)", not res.regressed(growth),
@@ -210,14 +226,16 @@ def resolve_baseline(cfg, current: str, history, explicit: str | None = None) ->
                 return cand, "given"
         raise MissingArtifact(f"baseline run folder not found: {given}",
                               hint="pass a run folder (e.g. runs/nightly-...) or a run name under run.root")
-    marker = root / BASELINE_FILE
+    marker = baseline_marker(root, cfg.run.name)
     if marker.is_file():
         target = _resolve(marker.read_text().strip(), root)
         if not target.is_dir():
             raise MissingArtifact(f"accepted baseline {target} (from {marker}) no longer exists",
                                   hint="accept another run: make accept RUN=runs/<name>")
         return target, "accepted"
-    prev = history.last_passed(exclude=current)
+    # a timestamped nightly compares within its own series (nightly-*, nightly_rec-*); other names with any run
+    same = (lambda r: series(r["name"]) == series(current)) if series(current) != current else None
+    prev = history.last_passed(exclude=current, where=same)
     if prev:
         return Path(prev["run_dir"]), "previous passing run in history"
     return None, "none (first run)"
@@ -237,8 +255,9 @@ def accept(cfg, run_dir: Path, stage_order: list[str]) -> Path:
     root = run_root(cfg)
     rel = run_dir.relative_to(root.resolve()) if run_dir.is_relative_to(root.resolve()) else run_dir
     from .artifacts import atomic_write_text
-    atomic_write_text(root / BASELINE_FILE, f"{rel}\n")
-    return root / BASELINE_FILE
+    marker = baseline_marker(root, cfg.run.name)       # the series of the config it is accepted for
+    atomic_write_text(marker, f"{rel}\n")
+    return marker
 
 
 def comparisons_as_dicts(comps: list[Comparison]) -> list[dict]:
@@ -248,10 +267,11 @@ def comparisons_as_dicts(comps: list[Comparison]) -> list[dict]:
 # ------------------------------------------------------------------------------------ the check
 
 def check_run(cfg, run_dir: Path, stage_order: list[str], *, baseline: str | None = None,
-              stage_errors: dict[str, str] | None = None, now: str | None = None) -> dict:
+              stage_errors: dict[str, str] | None = None, now: str | None = None, planted: dict | None = None) -> dict:
     """Compare run_dir with its baseline, append it to the history, write junit.xml and report.html.
 
-    Never raises for a regression (the caller decides): returns facts, comparisons, regressions and paths."""
+    Never raises for a regression (the caller decides): returns facts, comparisons, regressions and paths.
+    planted: tests/experiments only, {"wrap_current": fn -> fn, "wrap_rows": {server row subjects}}."""
     from datetime import datetime, timezone
 
     from . import env
@@ -266,7 +286,7 @@ def check_run(cfg, run_dir: Path, stage_order: list[str], *, baseline: str | Non
     comps = compare(base, facts, metric_drop=r.metric_drop, size_growth=r.size_growth) if base else []
     if base:
         comps += latency_ab(base_dir, Path(run_dir), growth=r.latency_growth, rounds=r.ab_rounds, runs=r.ab_runs,
-                            threads=r.ab_threads)
+                            threads=r.ab_threads, **(planted or {}))
     regs = regressions(comps)
     failed = any(st != "OK" for st in facts["stages"].values()) or bool(stage_errors)
     status = "failed" if failed else "regressed" if regs else "passed"
@@ -278,6 +298,6 @@ def check_run(cfg, run_dir: Path, stage_order: list[str], *, baseline: str | Non
                  for g in facts["gates"].values()])
     label = f"{base['name']} ({how})" if base else how
     junit = write_junit(Path(run_dir) / "junit.xml", facts, comps, stage_errors or {})
-    report = write_report(Path(run_dir), facts, comps, base, label, hist.trend(limit=30), status)
+    report = write_report(Path(run_dir), facts, comps, base, label, hist.trend(limit=30), status, regs)
     return {"facts": facts, "baseline": base, "baseline_label": label, "comparisons": comps,
             "regressions": regs, "status": status, "junit": junit, "report": report}

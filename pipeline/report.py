@@ -40,6 +40,8 @@ def write_junit(path: Path, facts: dict, comparisons: list, stage_errors: dict[s
         case = ET.SubElement(comp, "testcase", classname=f"regression.{c.kind}", name=c.name, time="0")
         if not c.passed:
             ET.SubElement(case, "failure", message=c.message[:500], type="RegressionFound").text = c.message
+        elif not c.measured:            # nothing was compared: neither a pass nor a regression
+            ET.SubElement(case, "skipped", message=f"NOT MEASURED: {c.message}"[:500])
         else:
             ET.SubElement(case, "system-out").text = c.message
     for s in (suite, comp):
@@ -51,6 +53,10 @@ def write_junit(path: Path, facts: dict, comparisons: list, stage_errors: dict[s
     ET.indent(root)
     atomic_write_bytes(path, ET.tostring(root, encoding="utf-8", xml_declaration=True))
     return path
+
+
+def _verdict(c) -> str:
+    return "REGRESSION" if not c.passed else "OK" if c.measured else f"NOT MEASURED ({c.message.split(': ', 1)[-1]})"
 
 
 # ------------------------------------------------------------------------------------ plots
@@ -183,13 +189,12 @@ def _table(head: list[str], rows: list[list[str]], classes: list[str] | None = N
 
 
 def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | None, baseline_label: str,
-                 trend: list[dict], status: str) -> Path:
+                 trend: list[dict], status: str, regs: list) -> Path:
+    """Render what it is given (comparisons and the regressions among them): report knows no regression rules."""
     e = html.escape
     plots = [("Training curves", plot_training(run_dir)), ("Metric per stage and precision",
              plot_metrics(run_dir, facts, base)), ("Latency per engine", plot_latency(run_dir, facts)),
              ("Trend over past runs", plot_trend(run_dir, trend))]
-    from .regression import regressions
-    regs = regressions(comparisons)
     parts = [f"<!doctype html><meta charset='utf-8'><title>{e(facts['name'])}</title><style>{CSS}</style>",
              f"<h1>Run {e(facts['name'])}: <span class='{e(status)}'>{e(status)}</span></h1>",
              f"<p>Baseline: {e(baseline_label)} · stages: "
@@ -212,8 +217,8 @@ def write_report(run_dir: Path, facts: dict, comparisons: list, base: dict | Non
     if comparisons:
         parts.append("<h2>Comparison with the baseline</h2>" + _table(
             ["check", "baseline", "this run", "limit", "verdict"],
-            [[c.name, _short(c.baseline), _short(c.current), c.limit, "OK" if c.passed else "REGRESSION"]
-             for c in comparisons], ["OK" if c.passed else "FAIL" for c in comparisons]))
+            [[c.name, _short(c.baseline), _short(c.current), c.limit, _verdict(c)] for c in comparisons],
+            ["OK" if c.passed and c.measured else "FAIL" if not c.passed else "SKIPPED" for c in comparisons]))
     for title, src in plots:
         body = f"<img src='{src}' alt='{e(title)}'>" if src else "<p>(no data for this plot yet)</p>"
         parts.append(f"<h2>{e(title)}</h2>{body}")

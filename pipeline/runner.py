@@ -6,7 +6,6 @@ a stage only reads ctx.inputs / ctx.cfg and writes into ctx.out_dir.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import shutil
@@ -17,13 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from . import env
+from . import catalogue, env, resources, runlock
 from .artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
                         write_json)
 from .config import Config, save_resolved
 from .errors import ConfigError, GateFailed, IntegrityError, MissingArtifact, PipelineError
 from .gates import FAIL, OK, Gate
 from .layout import is_auto
+from .supervise import mark_stage
 
 log = logging.getLogger("pipeline")
 
@@ -51,6 +51,12 @@ class StageContext:
     def quiet(self) -> bool:
         return self.cfg.run.quiet
 
+    def input(self, producer: str, rel: str = "") -> Path:
+        """An upstream stage's output by its declared name (pipeline/catalogue.py), never a guessed path."""
+        if rel:
+            catalogue.check_output(producer, rel)
+        return self.inputs[producer] / rel if rel else self.inputs[producer]
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -67,6 +73,14 @@ class Stage:
     # outputs of *other runs* this stage reads (name → stage folder), e.g. the OCR system's two bundles;
     # checked, hashed and fingerprinted like inputs, and they must have passed their gates
     external_inputs: Callable[[Config], dict[str, Path]] | None = None
+    # files (relative to the stage folder) other stages may read: `outputs` always exist after a pass,
+    # `optional_outputs` only when the row that makes them ran (ctx.input refuses any other name)
+    outputs: tuple[str, ...] = ()
+    optional_outputs: tuple[str, ...] = ()
+    applies_to: Callable[[str], bool] = lambda task: task != "ocr_system"    # which tasks run this stage
+    # runs the stage as several processes (training: pipeline/distributed.launch_stage); the runner calls it
+    # when the layout needs a launch, so the run core never imports the launcher
+    launcher: Callable | None = None
 
 
 @dataclass
@@ -79,9 +93,8 @@ class Outcome:
 
 
 def registry() -> dict[str, Stage]:
-    """The only place pipeline/ reaches into stages/: each module exposes STAGE."""
-    pkg = importlib.import_module("stages")
-    return {s.name: s for s in (importlib.import_module(f"stages.{m}").STAGE for m in pkg.ORDER)}
+    """Every stage in dependency order (the catalogue, pipeline/catalogue.py)."""
+    return catalogue.stages()
 
 
 def _code_hash(stage: Stage) -> str:
@@ -135,14 +148,8 @@ class Runner:
         return self.layout
 
     def resolve(self, names: list[str]) -> list[Stage]:
-        order = list(self.stages)
-        unknown = [n for n in names if n not in self.stages]
-        if unknown:
-            import difflib
-            close = difflib.get_close_matches(unknown[0], order, n=1)
-            raise ConfigError(f"unknown stage '{unknown[0]}'",
-                              hint=f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(order)}")
-        return [self.stages[n] for n in order if n in names]
+        """Stage names or aliases (all, deploy) -> the stages of this config's task, in dependency order."""
+        return [self.stages[n] for n in catalogue.expand(names, self.cfg.task)]
 
     def _inputs(self, stage: Stage) -> tuple[dict[str, Path], dict[str, dict]]:
         dirs, manifests = {}, {}
@@ -183,13 +190,15 @@ class Runner:
         own = load_manifest(self.run_dir / stage.name) or {}
         return fingerprint(self.cfg, stage, manifests, own.get("layout_key"))
 
+    @runlock.exclusive          # one writer per run folder; its own file-system errors as one line
     def run(self, names: list[str]) -> list[Outcome]:
+        chain = self.resolve(names)           # unknown or inapplicable stages: refused before any folder exists
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = self.run_dir / "config.resolved.yaml"
         if not resolved.exists():         # a fresh folder: nothing good to protect yet
             save_resolved(self.cfg, resolved)
         outcomes: list[Outcome] = []
-        for stage in self.resolve(names):
+        for stage in chain:
             if any(o.status in (FAIL, "ERROR", "NOT RUN") and o.stage in stage.inputs for o in outcomes):
                 outcomes.append(Outcome(stage.name, "NOT RUN",
                                         error=MissingArtifact(f"{stage.name} not run: an input stage failed")))
@@ -224,12 +233,20 @@ class Runner:
         work.mkdir(parents=True, exist_ok=True)
         log.info("[%s] running (%s)", stage.name, stage.description or stage.name)
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        mark_stage(stage.name)
+        per_stage_peak = resources.reset_peak()
         try:
             with staged_dir(final) as tmp:
                 ctx = StageContext(self.cfg, stage.name, tmp, work, dirs, manifests, fp, self.force)
                 result = stage.run(ctx)
+                missing = catalogue.missing_outputs(stage, tmp)
+                if missing and not any(g.status == FAIL for g in result.gates):
+                    raise IntegrityError(f"the {stage.name} stage passed but did not write its declared output "
+                                         f"'{missing[0]}'", hint="a bug in the stage: its STAGE.outputs and its "
+                                                                 "writes disagree")
                 save_resolved(self.cfg, tmp / "config.resolved.yaml")     # the config these outputs came from
                 manifest = self._manifest(stage, fp, manifests, tmp, result, started, time.time() - t0)
+                manifest["resources"] = resources.peak_record(per_stage_peak)
                 if layout is not None:
                     manifest["layout_key"], manifest["info"]["layout"] = layout.key(), layout.record()
                 write_json(tmp / MANIFEST, manifest)
@@ -242,6 +259,8 @@ class Runner:
             return self._gate_fail(stage, gf.manifest, t0)
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
+        except OSError as exc:          # read-only, full, no permission: the staged output was removed
+            return Outcome(stage.name, "ERROR", error=runlock.storage_error(stage.name, exc), seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
 
@@ -273,10 +292,12 @@ class Runner:
     def _launched(self, stage: Stage, layout, t0: float) -> Outcome:
         """Run the stage in processes (paddle.distributed.launch); rank 0 runs a Runner that writes the
         output and manifest; this parent turns rank 0's status into the same Outcome as in-process."""
-        from .distributed import launch_stage
-
+        if stage.launcher is None:
+            return Outcome(stage.name, "ERROR", seconds=time.time() - t0,
+                           error=ConfigError(f"the {stage.name} stage cannot run as {layout.nproc} processes",
+                                             hint="set train.nproc=1"))
         try:
-            status = launch_stage(self.cfg, stage.name, layout, self.force)
+            status = stage.launcher(self.cfg, stage.name, layout, self.force)
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
         if status is None:            # another node's rank 0 wrote the outputs, on its own disk
@@ -294,6 +315,10 @@ class Runner:
 
     def _manifest(self, stage: Stage, fp: str, inputs: dict[str, dict], out: Path, result: StageResult,
                   started: str, seconds: float) -> dict:
+        if not any(g.status in (OK, FAIL) for g in result.gates):   # SKIPPED/UNVERIFIED rows checked nothing
+            result.gates.append(Gate(stage.name, "at least one executed gate", "", "none", "", status=FAIL,
+                                     reason=f"the {stage.name} stage has no executed gate: it ran no check on its "
+                                            "output, and a stage that checked nothing cannot pass"))
         status = FAIL if any(g.status == FAIL for g in result.gates) else OK
         return {
             "stage": stage.name,

@@ -1,2 +1,1 @@
-"""One module per stage; each exposes STAGE. ORDER is the chain, read by pipeline.runner.registry()."""
-ORDER = ("train", "export", "server", "lite", "bundle", "system")
+"""One module per stage; each exposes STAGE. The order comes from their declared inputs (pipeline/catalogue.py)."""

@@ -74,7 +74,7 @@ def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: 
 
 def run(ctx: StageContext) -> StageResult:
     cfg = ctx.cfg
-    export_dir, server_dir, lite_dir = ctx.inputs["export"], ctx.inputs["server"], ctx.inputs["lite"]
+    export_dir, server_dir, lite_dir = ctx.input("export"), ctx.input("server"), ctx.input("lite")
     info = json.loads((export_dir / "info.json").read_text())
     version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     name = f"{cfg.run.name}-{version}"
@@ -110,8 +110,8 @@ def run(ctx: StageContext) -> StageResult:
     atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(
         info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol}), sort_keys=False))
 
-    gates = [g for stage in ("train", "export", "server", "lite") for g in ctx.input_manifests[stage]["gates"]]
-    precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in ("train", "export", "server", "lite")}
+    gates = [g for stage in STAGE.inputs for g in ctx.input_manifests[stage]["gates"]]      # every upstream gate
+    precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in STAGE.inputs}
     versions = env.versions()
     files = describe_files(b)
     atomic_write_text(b / "MODEL_CARD.md", model_card(name, info, gates, versions, files))
@@ -154,5 +154,6 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
+              outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
               make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/preprocess.py"),
               description="self-describing bundle, verified and published")

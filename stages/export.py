@@ -19,7 +19,7 @@ from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
 
 
-def _save_trained(train_dir, info: dict, task, prefix) -> None:
+def _save_trained(ctx, info: dict, task, prefix) -> None:
     """jit.save the trained weights: a builder's Layer through to_static, a fine-tuned inference program
     (model.pretrained) by re-saving the loaded program. Dynamic batch, and dynamic width where the
     preprocessing feeds each line at its own width (PaddleOCR's [-1, 3, 48, -1])."""
@@ -28,7 +28,7 @@ def _save_trained(train_dir, info: dict, task, prefix) -> None:
 
     from pipeline.models import imported
 
-    state = paddle.load(str(require_file(train_dir / "model.pdparams", "trained parameters", "make train")))
+    state = paddle.load(str(require_file(ctx.input("train", "model.pdparams"), "trained parameters", "make train")))
     model, _ = imported.build(task, info["model"], info["labels_info"], load_pretrained=False)
     model.set_state_dict(state)
     model.eval()
@@ -44,9 +44,8 @@ def _save_trained(train_dir, info: dict, task, prefix) -> None:
 def run(ctx: StageContext) -> StageResult:
     import paddle
 
-    train_dir = ctx.inputs["train"]
-    info = json.loads(require_file(train_dir / "info.json", "training info", "make train").read_text())
-    with np.load(require_file(train_dir / "val_slice.npz", "validation slice", "make train")) as z:
+    info = json.loads(require_file(ctx.input("train", "info.json"), "training info", "make train").read_text())
+    with np.load(require_file(ctx.input("train", "val_slice.npz"), "validation slice", "make train")) as z:
         x, labels, reference, images = z["inputs"], z["labels"], z["outputs"], z["images"]
 
     paddle.set_device("cpu")
@@ -55,9 +54,9 @@ def run(ctx: StageContext) -> StageResult:
     t0 = time.perf_counter()
     if info.get("source") == "inference":       # imported: the program is the model; copy it as it is
         for suffix in (".pdmodel", ".pdiparams"):
-            shutil.copy2(train_dir / "imported" / f"inference{suffix}", str(prefix) + suffix)
+            shutil.copy2(ctx.input("train", f"imported/inference{suffix}"), str(prefix) + suffix)
     else:
-        _save_trained(train_dir, info, task, prefix)
+        _save_trained(ctx, info, task, prefix)
     seconds = time.perf_counter() - t0
 
     loaded = paddle.jit.load(str(prefix))        # the load is verified: the saved program must reproduce the reference
@@ -83,5 +82,6 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
+              outputs=("inference.pdmodel", "inference.pdiparams", "reference.npz", "info.json"),
               code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -27,11 +27,11 @@ log = logging.getLogger("pipeline")
 def _source(ctx, precision: str):
     """(model, params) to convert: the PTQ model for int8, the exported FP32 program otherwise."""
     if precision == "int8":
-        qdir = ctx.inputs["server"] / "models" / "int8"
+        qdir = ctx.input("server", "models/int8")
         if not (qdir / "model.pdmodel").is_file():
             return None
         return qdir / "model.pdmodel", qdir / "model.pdiparams"
-    exp = ctx.inputs["export"]
+    exp = ctx.input("export")
     return exp / "inference.pdmodel", exp / "inference.pdiparams"
 
 
@@ -58,7 +58,7 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.engines.program_repair import list_ops
 
     lc = ctx.cfg.lite
-    exp = ctx.inputs["export"]
+    exp = ctx.input("export")
     ref = load_reference(exp)
     info, task, x, labels, ref_out, ref_metric = ref.info, ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
     ops = list_ops(exp / "inference.pdmodel")
@@ -133,6 +133,7 @@ def run(ctx: StageContext) -> StageResult:
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
+              outputs=("lite.json",), optional_outputs=("*.nb",),
               code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
                          "pipeline/reference.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -81,10 +81,10 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.engines import perf
 
     cfg, sc = ctx.cfg, ctx.cfg.server
-    ref = load_reference(ctx.inputs["export"])
+    ref = load_reference(ctx.input("export"))
     task, x, labels, ref_out, ref_metric = ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
     prefix = ref.model_prefix
-    with np.load(ctx.inputs["train"] / "calib.npz") as z:
+    with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
     ctx.batches = batch_sizes(cfg, prefix, x)
     log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
@@ -332,6 +332,9 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
+              outputs=("serving.json", "perf.json"),
+              optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
+                                "openvino/model_int8.xml"),
               run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
                                   "pipeline/serve.py", "pipeline/reference.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")

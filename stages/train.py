@@ -18,8 +18,9 @@ import numpy as np
 
 from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
+from pipeline.distributed import launch_stage
 from pipeline.errors import ConfigError, DataError, NonFiniteError
-from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
+from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate, count_nonfinite
 from pipeline.models import imported
 from pipeline.preprocess import to_tensor
 from pipeline.runner import Stage, StageContext, StageResult
@@ -357,20 +358,28 @@ def import_model(ctx) -> StageResult:
     (ctx.out_dir / "imported").mkdir()
     for suffix in imported.SUFFIXES:             # downstream stages read the run, never the user's folder
         shutil.copy2(str(prefix) + suffix, ctx.out_dir / "imported" / ("inference" + suffix))
-    _, _, val_metrics, k = write_reference(ctx, task, model, ds, spec)
+    _, val_out, val_metrics, k = write_reference(ctx, task, model, ds, spec)
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
               "inference_yml": imported.inference_yml(prefix)}
     write_info(ctx, task, ds, spec, source="inference", imported=record)
     metric = task.primary_metric
+    # executed whatever the labels: the program loaded, fit the task's signature and gave finite outputs
+    loaded = Gate("train", "imported program: signature and outputs", "float32", "float32", metric, status=OK,
+                  checks=[Check("finite", float(count_nonfinite(val_out)), 0.0, "<=", True),
+                          Check("input/output signature fits the task", 1.0, 1.0, ">=", True)])
     gate = metric_gate(cfg, "imported program on validation", metric, val_metrics[metric], "float32", "float32")
-    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+    return StageResult(gates=[loaded, gate], precision={"requested": "float32", "effective": "float32"},
                        metrics={**val_metrics, "val_samples": int(len(ds.val.labels))},
                        info={"imported": record, "val_slice": k})
 
 
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
-              make_target="train", run=run, layout_keys=("train.nproc",),
+              make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
+              outputs=("info.json", "val_slice.npz", "calib.npz"),
+              # trained: weights and telemetry; imported (model.source=inference): the program's files
+              optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
+                                "imported/inference.pdiparams"),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
                          "pipeline/text_metrics.py", "pipeline/layout.py"),

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
+from .. import imagedecode
+from ..imagedecode import printable
 from ..errors import ConfigError, DataError
 from ..preprocess import fit_image
 
@@ -31,14 +31,18 @@ def check_on_bad(on_bad: str) -> None:
 def read_image(path: str | os.PathLike, spec: dict) -> np.ndarray:
     """Image file → uint8 [H, W] fitted to `spec`; DataError naming the file if unreadable."""
     try:
-        with Image.open(path) as img:
-            img.load()          # decode now: a truncated file fails here, not later in training
-            return fit_image(img, spec)
-    except FileNotFoundError:
-        raise DataError(f"image {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DataError(f"image {path} cannot be read: {exc}",
-                        hint="re-save it as PNG/JPEG, delete it, or set data.on_bad_sample: skip") from None
+        return fit_image(imagedecode.load_file(path), spec)     # any decoder error: one DataError
+    except imagedecode.UnreadableImage as exc:
+        raise DataError(exc.message, hint="re-save it as PNG/JPEG, delete it, or set data.on_bad_sample: skip") from None
+
+
+def _check_class_name(d: Path) -> None:
+    """Class names become the bundle's labels (JSON, YAML, HTTP answers): they must be real text."""
+    try:
+        d.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(f"class folder {printable(d)} has a name that is not valid UTF-8",
+                        hint="rename it in UTF-8 (e.g. `convmv -f latin1 -t utf8`): class names become the labels") from None
 
 
 def _is_image(p: Path, root: Path) -> bool:
@@ -67,6 +71,8 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
     if len(class_dirs) < 2:
         raise DataError(f"image folder {root} has only one class ({class_dirs[0].name}); "
                         "classification needs at least 2", hint="add a subfolder per class")
+    for d in class_dirs:
+        _check_class_name(d)
     spec = {"height": height, "width": width, "resize": "stretch"}
     images: list[np.ndarray] = []
     labels: list[int] = []

@@ -207,7 +207,7 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
     """
     if dtype not in SUFFIX:
         raise PipelineError(f"cannot emulate {dtype!r}", hint="fp16 or bf16")
-    from pipeline.engines.paddle_infer import _program_desc
+    from pipeline.engines.program import program_desc as _program_desc
 
     desc = _program_desc(model_prefix)
     if any(s in v.name for s in SUFFIX.values() for v in desc.blocks[0].vars):

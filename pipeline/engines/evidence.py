@@ -51,13 +51,12 @@ def optimized_program_dir(cfg) -> Iterator[Path]:
 def op_precisions(folder: Path) -> dict[str, dict[str, int]]:
     """{mkldnn_data_type: {op type: count}} of the saved optimized program; {} when none was saved
     (ir_optim=false saves nothing: no pass ran)."""
-    from paddle.base.proto import framework_pb2
+    from pipeline.engines.program import parse
 
     files = sorted(Path(folder).glob("*.pdmodel"))
     if not files:
         return {}
-    desc = framework_pb2.ProgramDesc()
-    desc.ParseFromString(files[0].read_bytes())
+    desc = parse(files[0])
     found: dict[str, Counter] = {}
     for block in desc.blocks:
         for op in block.ops:

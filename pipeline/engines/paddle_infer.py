@@ -18,6 +18,10 @@ from paddle.base.proto import framework_pb2
 from pipeline import capabilities
 from pipeline.engines import evidence
 from pipeline.engines.base import Engine
+from pipeline.engines.program import feed_name as _feed_name
+from pipeline.engines.program import files as _files
+from pipeline.engines.program import program_desc as _program_desc
+from pipeline.engines.program import program_input_shape, program_ops  # noqa: F401  (re-exported)
 from pipeline.errors import ConfigError, MissingArtifact, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -29,48 +33,6 @@ _BF16_EMU_SUFFIX = ".bf16emu"
 _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "concat", "prior_box", "reshape2",
                   "transpose2", "fused_transpose", "slice", "nearest_interp", "nearest_interp_v2", "split",
                   "elementwise_add", "elementwise_mul", "elementwise_sub"}
-
-
-def _files(model_prefix: str | os.PathLike) -> tuple[str, str]:
-    prefix = str(model_prefix)
-    model, params = prefix + ".pdmodel", prefix + ".pdiparams"
-    for f in (model, params):
-        if not os.path.isfile(f):
-            raise MissingArtifact(f"inference model file not found: {f}",
-                                  hint="pass the path prefix without .pdmodel/.pdiparams")
-    return model, params
-
-
-def _program_desc(model_prefix: str | os.PathLike) -> framework_pb2.ProgramDesc:
-    desc = framework_pb2.ProgramDesc()
-    try:
-        desc.ParseFromString(Path(_files(model_prefix)[0]).read_bytes())
-    except Exception as e:  # protobuf DecodeError and friends
-        raise PipelineError(f"cannot parse {model_prefix}.pdmodel: {e}",
-                            hint="is it a Paddle 2.x ProgramDesc (not PIR .json)?") from e
-    return desc
-
-
-def program_ops(model_prefix: str | os.PathLike) -> list[str]:
-    """Op types of the main block, in program order (feed/fetch included)."""
-    return [op.type for op in _program_desc(model_prefix).blocks[0].ops]
-
-
-def program_input_shape(model_prefix: str | os.PathLike) -> list[int]:
-    """Declared shape of the (single) feed variable; -1 marks dynamic dims."""
-    block = _program_desc(model_prefix).blocks[0]
-    feed = _feed_name(block, model_prefix)
-    for v in block.vars:
-        if v.name == feed:
-            return [int(d) for d in v.type.lod_tensor.tensor.dims]
-    raise PipelineError(f"feed variable {feed!r} not declared in {model_prefix}.pdmodel")
-
-
-def _feed_name(block: framework_pb2.BlockDesc, model_prefix: str | os.PathLike) -> str:
-    feeds = [a for op in block.ops if op.type == "feed" for o in op.outputs for a in o.arguments]
-    if not feeds:
-        raise PipelineError(f"{model_prefix}.pdmodel has no feed op", hint="re-export with paddle.jit.save")
-    return feeds[0]
 
 
 def bf16_status() -> tuple[bool, str]:

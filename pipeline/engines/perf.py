@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 from paddle import inference as pinf
 
-from pipeline.engines.paddle_infer import _program_desc
+from pipeline.engines.program import program_desc as _program_desc
 from pipeline.errors import ConfigError, PipelineError
 
 RunFn = Callable[[np.ndarray], object]

@@ -20,32 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.engines.program import FEED_FETCH as _FEED_FETCH
+from pipeline.engines.program import parse as _load
+from pipeline.engines.program import pb as _pb
 from pipeline.errors import DataError
-
-_FEED_FETCH = {"feed", "fetch"}
-
-
-def _pb() -> Any:
-    # Paddle 2.6 moved the protos from paddle.fluid to paddle.base; keep the old path as a fallback.
-    try:
-        from paddle.base.proto import framework_pb2
-    except ImportError:  # pragma: no cover - older paddle
-        from paddle.fluid.proto import framework_pb2  # type: ignore[no-redef]
-    return framework_pb2
-
-
-def _load(pdmodel: str | os.PathLike) -> Any:
-    path = Path(pdmodel)
-    if not path.is_file():
-        raise DataError(f"model file not found: {path}")
-    prog = _pb().ProgramDesc()
-    try:
-        prog.ParseFromString(path.read_bytes())
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise DataError(f"{path} is not a Paddle ProgramDesc (.pdmodel): {exc}") from exc
-    if not prog.blocks:
-        raise DataError(f"{path} holds an empty program (no blocks)")
-    return prog
 
 
 def list_ops(pdmodel: str | os.PathLike) -> list[str]:

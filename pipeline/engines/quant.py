@@ -15,7 +15,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import paddle
 
-from pipeline.engines.paddle_infer import _feed_name, _files, _program_desc, program_input_shape
+from pipeline.engines.program import feed_name as _feed_name
+from pipeline.engines.program import files as _files
+from pipeline.engines.program import program_desc as _program_desc
+from pipeline.engines.program import program_input_shape
 from pipeline.errors import ConfigError, DataError, PipelineError
 
 ALGOS = ("hist", "avg", "mse", "abs_max", "KL")  # min_max inserts no quant ops in PaddleSlim 2.6
@@ -169,7 +172,7 @@ def _base(name: str) -> str:
 def _layer_io(quant_prefix: str, op_types: Sequence[str], weight_slot: dict) -> list[dict]:
     """Quantizable layers of the fake-quant program: weight name, op type, activation input (fp32
     name) and the var holding its dequantized output there."""
-    from pipeline.engines.paddle_infer import _program_desc
+    from pipeline.engines.program import program_desc as _program_desc
 
     block = _program_desc(quant_prefix).blocks[0]
     persistable = {v.name for v in block.vars if v.persistable}

@@ -1,0 +1,120 @@
+"""The stage catalogue: order from declared inputs, task applicability, aliases, declared outputs; gates that
+cannot be skipped; the kernel-kill report and per-stage memory (fast, no training)."""
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import catalogue, resources, supervise
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, IntegrityError, MissingArtifact
+from pipeline.gates import FAIL, SKIPPED, skipped
+from pipeline.runner import Runner, Stage, StageContext, StageResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_order_comes_from_declared_inputs():
+    names = list(catalogue.stages())
+    for name, stage in catalogue.stages().items():
+        assert all(names.index(dep) < names.index(name) for dep in stage.inputs), name
+    assert names[-1] == "system"                 # reads other runs' bundles: after every single-run stage
+    assert catalogue.for_task("classification") == ["train", "export", "server", "lite", "bundle"]
+    assert catalogue.for_task("recognition") == catalogue.for_task("detection") == catalogue.for_task("classification")
+    assert catalogue.for_task("ocr_system") == ["system"]
+
+
+@pytest.mark.parametrize("asked, task, expected", [
+    (["all"], "classification", ["train", "export", "server", "lite", "bundle"]),
+    (["deploy"], "recognition", ["server", "lite", "bundle"]),
+    (["bundle", "train"], "detection", ["train", "bundle"]),            # dependency order, not typing order
+    (["train", "export", "deploy"], "classification", ["train", "export", "server", "lite", "bundle"]),
+    (["all"], "ocr_system", ["system"]),
+])
+def test_aliases_expand_per_task(asked, task, expected):
+    assert catalogue.expand(asked, task) == expected
+
+
+def test_unknown_and_inapplicable_stages_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="did you mean 'train'"):
+        catalogue.expand(["trian"], "classification")
+    with pytest.raises(ConfigError, match="system stage does not apply to task: classification") as e:
+        catalogue.expand(["system"], "classification")
+    assert "train, export, server, lite, bundle" in e.value.hint
+
+
+def test_a_stage_reads_another_only_through_declared_names(tmp_path):
+    ctx = StageContext(cfg=None, name="server", out_dir=tmp_path, work_dir=tmp_path,
+                       inputs={"train": tmp_path / "train", "lite": tmp_path / "lite"}, input_manifests={})
+    assert ctx.input("train", "calib.npz") == tmp_path / "train" / "calib.npz"
+    assert ctx.input("lite", "arm_fp32.nb").name == "arm_fp32.nb"           # a declared pattern (*.nb)
+    with pytest.raises(MissingArtifact, match="'scratch.npz' is not a declared output of the train stage"):
+        ctx.input("train", "scratch.npz")
+
+
+def test_declared_outputs_exist_in_the_stage_code():
+    """Every declared output name appears in its stage's source (a rename without the declaration fails here)."""
+    for name, stage in catalogue.stages().items():
+        src = Path(sys.modules[stage.run.__module__].__file__).read_text()
+        for rel in stage.outputs:
+            assert rel.split("/")[-1] in src, (name, rel)
+
+
+def test_makefile_takes_stage_lists_from_the_catalogue():
+    make = (ROOT / "Makefile").read_text()
+    assert "pipeline run deploy" in make and "pipeline run all" in make
+    assert "run server lite bundle" not in make
+
+
+def _runner(tmp_path) -> Runner:
+    return Runner(load_config([ROOT / "configs" / "smoke.yaml"], [f"run.root={tmp_path}"]))
+
+
+@pytest.mark.parametrize("gates", [[], [skipped("x", "a row", "fp32", "accuracy", "not here")]])
+def test_a_stage_without_an_executed_gate_cannot_pass(tmp_path, gates):
+    stage = Stage("x", (), ("export",), "x", run=lambda ctx: StageResult())
+    man = _runner(tmp_path)._manifest(stage, "fp", {}, tmp_path, StageResult(gates=list(gates)), "now", 0.1)
+    assert man["status"] == FAIL
+    assert any("no executed gate" in g["reason"] for g in man["gates"])
+    assert all(g["status"] in (FAIL, SKIPPED) for g in man["gates"])
+
+
+def test_a_stage_that_skips_its_declared_output_is_refused(tmp_path):
+    stage = Stage("export", ("train",), ("export",), "export", run=lambda ctx: StageResult(),
+                  outputs=("inference.pdmodel",))
+    (tmp_path / "out").mkdir()
+    assert catalogue.missing_outputs(stage, tmp_path / "out") == ["inference.pdmodel"]
+    (tmp_path / "out" / "inference.pdmodel").write_bytes(b"x")
+    assert catalogue.missing_outputs(stage, tmp_path / "out") == []
+    assert issubclass(IntegrityError, Exception)
+
+
+def test_a_kernel_killed_stage_is_named(capsys):
+    code = supervise.run_supervised([], cmd=[sys.executable, "-c",
+                                             "import os, signal, pipeline.supervise as s; s.mark_stage('server'); "
+                                             "os.kill(os.getpid(), signal.SIGKILL)"])
+    assert code == 128 + signal.SIGKILL
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the server stage was killed (SIGKILL") and "out of memory" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_the_real_cli_is_supervised_and_passes_exit_codes_through():
+    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "trian", "-c", "configs/smoke.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == ConfigError.exit_code and "did you mean 'train'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_peak_memory_is_per_stage():
+    ok = resources.reset_peak()
+    blob = bytearray(64 << 20)                      # 64 MiB touched
+    blob[::4096] = b"x" * len(blob[::4096])
+    rec = resources.peak_record(ok)
+    del blob
+    assert rec["peak_rss_mb"] >= 64
+    if rec["peak_is_per_stage"]:                    # reset worked: a new stage starts from the current size
+        resources.reset_peak()
+        assert resources.peak_record(True)["peak_rss_mb"] < rec["peak_rss_mb"]
