@@ -73,6 +73,7 @@ def test_import_of_a_classifier_as_recognizer_is_refused(tiny_export, tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_import_chain_without_labels_keeps_parity_and_says_no_labels(tiny_export, tmp_path):
     """data.source=images: no labels; train reports the metric gate SKIPPED, export's parity gate holds."""
     imgs = tmp_path / "imgs"
@@ -273,6 +274,7 @@ def test_v4_rec_served_at_each_lines_own_width(v4_rec):
     assert own > 0.9 and squeezed < 0.5, texts
 
 
+@pytest.mark.slow
 def test_v4_rec_import_and_export_parity(v4_rec, tmp_path):
     """configs/ppocr_v4_rec.yaml through train (import) and export on a few lines: the real lines are read
     right, outputs are recognised as probabilities, the copied program reproduces the reference exactly."""
