@@ -79,17 +79,11 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
     skipped = 0
     for cls, d in enumerate(class_dirs):
         files = sorted((p for p in d.rglob("*") if _is_image(p, d)), key=lambda p: str(p))
-        count = 0
-        for f in files:
-            try:
-                images.append(read_image(f, spec))
-            except DataError:
-                if on_bad == "error":
-                    raise
-                skipped += 1
-                continue
-            labels.append(cls)
-            count += 1
+        read, bad = _read_all(files, spec, on_bad)
+        images += read
+        labels += [cls] * len(read)
+        skipped += bad
+        count = len(read)
         if count == 0:
             # a class with no usable images would be a label the model can never learn
             raise DataError(f"class folder {d} has no readable images "
@@ -99,13 +93,8 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
             [d.name for d in class_dirs], skipped)
 
 
-def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") -> tuple[np.ndarray, int]:
-    """Every image under a folder (sorted, recursively; hidden files ignored) fitted to `spec`, without
-    labels → (uint8 images, skipped). For validating an imported model on a user's own images."""
-    root = Path(path)
-    if not root.is_dir():
-        raise DataError(f"data.path {root} is not a folder of images", hint="point data.path at a folder")
-    files = sorted(p for p in root.rglob("*") if _is_image(p, root))
+def _read_all(files: list[Path], spec: dict, on_bad: str) -> tuple[list[np.ndarray], int]:
+    """Each file fitted to spec → (images, skipped); a bad file raises, or with on_bad="skip" is counted."""
     images, skipped = [], 0
     for f in files:
         try:
@@ -114,6 +103,16 @@ def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") 
             if on_bad == "error":
                 raise
             skipped += 1
+    return images, skipped
+
+
+def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") -> tuple[np.ndarray, int]:
+    """Every image under a folder (sorted, recursively; hidden files ignored) fitted to `spec`, without
+    labels → (uint8 images, skipped). For validating an imported model on a user's own images."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"data.path {root} is not a folder of images", hint="point data.path at a folder")
+    images, skipped = _read_all(sorted(p for p in root.rglob("*") if _is_image(p, root)), spec, on_bad)
     if not images:
         raise DataError(f"no readable images in {root}", hint=f"extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}")
     return np.stack(images), skipped
