@@ -487,8 +487,11 @@ REGRESSION = [
             lambda e: ["accept", str(e.tmp / "nope"), *e.smoke(root=e.tmp)], ("refusing to accept",)),
     CliCase("history-not-sqlite", "nightly", "history database that is not SQLite",
             lambda e: ["history", *e.smoke(f"regression.history={e.write('h.sqlite', 'garbage')}")], ("not a database",)),
-    CliCase("nightly-existing-run", "nightly", "nightly into an existing run folder",
-            lambda e: ["nightly", *e.smoke()], ("fresh run folder",)),
+    CliCase("nightly-ocr-system", "nightly", "nightly on an OCR system config (two runs joined, not one chain)",
+            lambda e: ["nightly", "-c", "configs/smoke_ocr_system.yaml", "-o", f"run.root={e.tmp / 'runs'}",
+                       "-o", f"regression.history={e.tmp / 'history.sqlite'}"], ("one model's chain",)),
+    CliCase("stage-not-of-task", "run", "a stage of another task (the OCR system stage in a classification run)",
+            lambda e: ["run", "system", *e.smoke()], ("does not apply to task: classification",)),
 ]
 
 
