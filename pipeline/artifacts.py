@@ -36,11 +36,35 @@ def describe_files(folder: Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict
     return out
 
 
+def umask() -> int:
+    """The process umask, read without changing it (os.umask sets it: a race with other threads' files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def ordinary_mode(target: int | Path, folder: bool = False) -> None:
+    """Give a file (fd or path) or folder made by tempfile.mkstemp/mkdtemp (always 0600/0700) the mode
+    the umask gives ordinary ones, so a bundle is readable by whoever its owner lets read files."""
+    mode = (0o777 if folder else 0o666) & ~umask()
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+    else:
+        os.chmod(target, mode)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        ordinary_mode(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -81,6 +105,7 @@ def staged_dir(final: Path):
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
     try:
+        ordinary_mode(tmp, folder=True)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

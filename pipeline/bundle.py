@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from .artifacts import MANIFEST, read_json, replace_dir, sha256_file
+from .artifacts import MANIFEST, ordinary_mode, read_json, replace_dir, sha256_file
 from .errors import IntegrityError, MissingArtifact
 
 FORMAT_VERSION = 1
@@ -184,6 +184,7 @@ def safe_extract(archive: Path, dest: Path, max_bytes: int = MAX_ARCHIVE_BYTES, 
 def write_archive(folder: Path, archive: Path) -> None:
     """tar.gz of folder under its own name; regular files and dirs only, written atomically."""
     fd, tmp = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".tmp")
+    ordinary_mode(fd)
     os.close(fd)
     try:
         with tarfile.open(tmp, "w:gz") as tf:

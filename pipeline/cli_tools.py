@@ -107,15 +107,14 @@ def _sign(args) -> int:
 def _serve(args) -> int:
     from .session import load as _load
     from .env import import_paddle_quietly
-    from .serve import serve
-
-    from .serve import bind
+    from .httplimits import HttpLimits
+    from .serve import bind, serve
 
     cfg = _load(args)
     sock = bind(args.host, args.port)        # a bad or busy port: one line now, not after loading the model
     import_paddle_quietly()
     sv = cfg.serve
-    serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg),
+    serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg), limits=HttpLimits.from_config(sv),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
           log_requests=sv.access_log,
           archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine)

@@ -232,6 +232,11 @@ class ServeCfg(Section):
     max_pixels: int = PosInt
     max_concurrency: int = PosInt
     access_log: bool
+    max_header_bytes: int = Field(ge=1024)      # below 1 KiB ordinary clients' headers would be refused
+    header_timeout_s: float = Field(gt=0)
+    body_timeout_s: float = Field(gt=0)
+    keepalive_s: float = Field(gt=0)
+    grace_s: float = Field(ge=0)
 
 
 class DetectionCfg(Section):

@@ -51,3 +51,13 @@ class IntegrityError(PipelineError):
 
 class RegressionFound(PipelineError):
     exit_code = 7
+
+
+class StorageError(PipelineError):
+    """A file system refused a write or read: read-only, full, no permission (one line naming stage and path)."""
+    exit_code = 8
+
+
+class RunLocked(PipelineError):
+    """Another process is writing the same run folder."""
+    exit_code = 9

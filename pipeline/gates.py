@@ -105,6 +105,16 @@ def crashed(stage: str, subject: str, precision: str, metric: str, exc: BaseExce
     return gate
 
 
+def run_row(stage: str, subject: str, precision: str, metric: str, fn, evidence_dir=None) -> Gate:
+    """The one way an engine row runs (server, Lite, system pairs, HTTP): fn() -> Gate. Any exception is this
+    row's FAIL with its traceback kept under evidence_dir (<stage>.failed/evidence/ when the stage fails); the
+    other rows still run. A row that did not execute says so itself (SKIPPED / UNVERIFIED), never OK."""
+    try:
+        return fn()
+    except Exception as exc:       # an engine's failure is the row's verdict, not the stage's crash
+        return crashed(stage, subject, precision, metric, exc, evidence_dir)
+
+
 def _fmt(v) -> str:
     if v is None:
         return "n/a"

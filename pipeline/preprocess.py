@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 
 import numpy as np
 from PIL import Image
 
+from . import imagedecode
 from .errors import DataError
+from .imagedecode import ImageTooLarge  # noqa: F401  (re-exported: serve and tests import it from here)
 
 
 def png_bytes(img: np.ndarray) -> bytes:
@@ -82,11 +83,7 @@ def _fit_ppocr_rec(img: Image.Image, spec: dict) -> Image.Image:
 def fit_image(img: Image.Image, spec: dict) -> np.ndarray:
     """Any PIL image → uint8 [H, W] grayscale (RGB [H, W, 3] for color "bgr") of the model's size
     (same rule as the data sets)."""
-    if is_color(spec):
-        img = _flatten_alpha(img) if img.mode in ("RGBA", "LA", "P") else img
-        img = img.convert("RGB")
-    else:
-        img = img.convert("L")
+    img = imagedecode.to_mode(img, _mode(spec))   # 16-bit scaled, alpha on white: convert('L') would clip
     h, w = spec["height"], spec["width"]
     if spec.get("resize") == "ppocr_rec":
         img = _fit_ppocr_rec(img, spec)
@@ -102,11 +99,8 @@ def fit_image(img: Image.Image, spec: dict) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
-def _flatten_alpha(img: Image.Image) -> Image.Image:
-    """Transparent pixels over white (RapidOCR does the same), so dark text on alpha stays readable."""
-    rgba = img.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    return Image.alpha_composite(canvas, rgba)
+def _mode(spec: dict) -> str:
+    return "RGB" if is_color(spec) else "L"
 
 
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
@@ -123,37 +117,20 @@ def _png_gray_at_size(data: bytes, spec: dict, max_pixels: int | None = None) ->
         return None
     if max_pixels is not None and h * w > max_pixels:       # the PIL path refuses it with the usual message
         return None
+    if b"tRNS" in data or b"eXIf" in data:    # transparency or an orientation: imagedecode applies them
+        return None
     import cv2
 
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     return img if img is not None and img.dtype == np.uint8 and img.shape == (h, w) else None
 
 
-class ImageTooLarge(DataError):
-    """An image whose header announces more pixels than allowed (refused before decoding)."""
+def decode_image_bytes(data: bytes, spec: dict, max_pixels: int | None = None, what: str = "image") -> np.ndarray:
+    """Image bytes → uint8 [H, W] fitted to spec, through pipeline.imagedecode (formats, modes, errors).
 
-
-def decode_image_bytes(data: bytes, spec: dict, max_pixels: int | None = None) -> np.ndarray:
-    """PNG/JPEG bytes → uint8 [H, W]; raises DataError on anything PIL cannot read.
-
-    max_pixels: refuse (ImageTooLarge) from the header alone — Image.open reads only the header, so a
-    tiny PNG announcing 10000x10000 is never inflated to ~100 MB."""
+    max_pixels: refuse (ImageTooLarge) from the header alone, so a tiny PNG announcing 10000x10000 is never
+    inflated to ~100 MB."""
     fast = _png_gray_at_size(data, spec, max_pixels)
     if fast is not None:
         return fast
-    try:
-        with warnings.catch_warnings():       # PIL warns on big headers; with a limit we decide ourselves
-            if max_pixels is not None:
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-        with img:
-            if max_pixels is not None and img.width * img.height > max_pixels:
-                raise ImageTooLarge(f"image is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
-                                    f"the limit is {max_pixels:,} (serve.max_pixels)",
-                                    hint="downscale it before sending; the model needs only "
-                                         f"{spec['width']}x{spec['height']}")
-            img.load()
-            return fit_image(img, spec)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        why = "unrecognised image format" if isinstance(exc, Image.UnidentifiedImageError) else str(exc)
-        raise DataError(f"not a readable PNG/JPEG image ({why})", hint="send a PNG or JPEG file") from None
+    return fit_image(imagedecode.load(data, mode=_mode(spec), max_pixels=max_pixels, what=what), spec)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from . import catalogue, env, resources
+from . import catalogue, env, resources, runlock
 from .artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
                         write_json)
 from .config import Config, save_resolved
@@ -190,6 +190,7 @@ class Runner:
         own = load_manifest(self.run_dir / stage.name) or {}
         return fingerprint(self.cfg, stage, manifests, own.get("layout_key"))
 
+    @runlock.exclusive          # one writer per run folder; its own file-system errors as one line
     def run(self, names: list[str]) -> list[Outcome]:
         chain = self.resolve(names)           # unknown or inapplicable stages: refused before any folder exists
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -258,6 +259,8 @@ class Runner:
             return self._gate_fail(stage, gf.manifest, t0)
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
+        except OSError as exc:          # read-only, full, no permission: the staged output was removed
+            return Outcome(stage.name, "ERROR", error=runlock.storage_error(stage.name, exc), seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
 

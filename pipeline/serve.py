@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 from fastapi import Request   # module level: FastAPI resolves the (string) annotations from globals
 
-from . import tempdirs
+from . import imagedecode, tempdirs
 from .errors import ConfigError, DataError, PipelineError
+from .httplimits import (ConcurrencyLimit, HttpLimits, declared_too_big, stop_quietly_on_sigterm, streamed_too_big,
+                         uvicorn_config)
 
 log = logging.getLogger("pipeline.serve")
 
@@ -32,7 +34,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024      # defaults of the serve.* config keys
 MAX_PIXELS = 4096 * 4096
 MAX_CONCURRENCY = 8
 MAX_BATCH = 64
-IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg")
+IMAGE_TYPES = tuple(imagedecode.CONTENT_TYPES)   # the allow-list: PNG, JPEG, BMP, GIF, TIFF, WebP
 
 
 class _BadRequest(Exception):
@@ -100,32 +102,6 @@ class _LatencyLog:
                 log.info("%s %s -> %d in %.2f ms", scope["method"], scope["path"], status[0], ms)
             else:
                 self.traffic.add(status[0], ms)
-
-
-class _ConcurrencyLimit:
-    """At most `limit` POST requests in progress (each holds its body and decoded input in memory); more get
-    429 with Retry-After. Plain ASGI around the whole app, so every inference route is covered, present and
-    future. One event loop: the counter needs no lock."""
-
-    def __init__(self, app, limit: int = MAX_CONCURRENCY):
-        self.app, self.limit, self.inflight = app, limit, 0
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        if self.inflight >= self.limit:
-            body = json.dumps({"error": f"{self.inflight} requests already in progress, the limit is {self.limit} "
-                                        "(serve.max_concurrency); retry shortly"}).encode()
-            await send({"type": "http.response.start", "status": 429,
-                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return None
-        self.inflight += 1
-        try:
-            return await self.app(scope, receive, send)
-        finally:
-            self.inflight -= 1
 
 
 class _HotRoutes:
@@ -212,7 +188,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
     runner = _Runner(engine, pool)
-    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
     @app.get("/health")
     async def health():
@@ -250,7 +226,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
 
 
 def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_requests: bool,
-             log_summary_s: float = 60.0):
+             log_summary_s: float = 60.0, max_body: int = MAX_BODY_BYTES):
     """The FastAPI app every service here starts from: the predictor pool closed at shutdown, the concurrency
     limit, request timing/logging (per request, or a summary line per log_summary_s seconds of traffic) and
     _BadRequest answered as {"error": ...}. Routes are added by the caller."""
@@ -270,7 +246,7 @@ def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_r
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     hot: dict = {}                                  # path -> endpoint, filled by the caller (innermost)
     app.add_middleware(_HotRoutes, routes=hot)
-    app.add_middleware(_ConcurrencyLimit, limit=max_concurrency)
+    app.add_middleware(ConcurrencyLimit, limit=max_concurrency, max_body=max_body)   # bodies read first
     app.add_middleware(_LatencyLog, log_requests=log_requests, traffic=traffic)   # outermost: 429s logged and timed too
     app.state.traffic, app.state.hot_routes = traffic, hot
 
@@ -324,7 +300,7 @@ async def read_body(request, max_body: int) -> bytes:
     """The request body, refused with 413 at the first byte past max_body (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body:
-        raise _BadRequest(413, f"request body is {int(declared)} bytes; the limit is {max_body} (serve.max_body_bytes)")
+        raise _BadRequest(413, declared_too_big(int(declared), max_body))
     from starlette.requests import ClientDisconnect
 
     chunks, size = [], 0
@@ -332,43 +308,49 @@ async def read_body(request, max_body: int) -> bytes:
         async for chunk in request.stream():    # chunked uploads have no content-length: count as we go
             size += len(chunk)
             if size > max_body:
-                raise _BadRequest(413, f"request body exceeds the {max_body}-byte limit (serve.max_body_bytes)")
+                raise _BadRequest(413, streamed_too_big(max_body))
             chunks.append(chunk)
     except ClientDisconnect:                     # nobody to answer, but no traceback in the log either
         raise _BadRequest(400, f"client disconnected after {size} bytes of the body") from None
     return b"".join(chunks)
 
 
+<<<<<<< HEAD
 async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS
                       ) -> tuple[np.ndarray, list | None]:
     """→ (model input, original (h, w) per image where the task maps its output back to it, else None)."""
+=======
+async def image_upload(request, body: bytes, what: str = "image") -> bytes:
+    """The image bytes of a (size-capped, already read) body: the file part of a multipart form, or a raw
+    image/* body. The declared content-type must name the format the bytes are (pipeline/imagedecode)."""
+>>>>>>> rec
     from starlette.requests import Request
 
-    from .preprocess import ImageTooLarge, decode_image_bytes, to_tensor
-
-    body = await read_body(request, max_body)
-    if not body:
-        raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+<<<<<<< HEAD
     if ctype == "application/json":
         return _json_tensor(body, want), None
+=======
+>>>>>>> rec
     if ctype == "multipart/form-data":
         async def replay():                      # the body was already read (size-capped) above
             return {"type": "http.request", "body": body, "more_body": False}
         try:
             form = await Request(request.scope, replay).form(max_files=1, max_fields=4)
         except Exception as exc:                 # malformed multipart of any kind is the client's fault
-            raise _BadRequest(400, f"malformed multipart body: {exc}") from None
+            raise _BadRequest(400, f"malformed multipart body: {str(exc)[:200]}") from None
         files = [v for v in form.values() if hasattr(v, "read")]
         if not files:
-            raise _BadRequest(400, "multipart body has no file part (send the image as field 'file')")
+            raise _BadRequest(400, f"multipart body has no file part (send the {what} as field 'file')")
         body = await files[0].read()
         if not body:
             raise _BadRequest(400, "the uploaded file is empty")
+        ctype = (files[0].content_type or "").split(";")[0].strip().lower()
     elif ctype not in IMAGE_TYPES:
-        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg, "
-                               "multipart/form-data or application/json")
+        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use {', '.join(IMAGE_TYPES)}, "
+                               "multipart/form-data" + (" or application/json" if what == "image" else ""))
     try:
+<<<<<<< HEAD
         if infer_cfg["task"] == "detection":      # boxes come back in the page's own pixels
             from .ocr.pages import decode_page, detection_input
 
@@ -380,6 +362,33 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_p
     except DataError as exc:
         raise _BadRequest(400, exc.one_line()) from None
     return to_tensor(img[None], infer_cfg["preprocess"]), None
+=======
+        imagedecode.check_content_type(ctype, body)
+    except DataError as exc:
+        raise _BadRequest(400, exc.one_line()) from None
+    return body
+
+
+def decode_refusal(exc: DataError) -> _BadRequest:
+    """How an image the decoder refused is answered: 413 over the pixel limit, else 400."""
+    return _BadRequest(413 if isinstance(exc, imagedecode.ImageTooLarge) else 400, exc.one_line())
+
+
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    from .preprocess import decode_image_bytes, to_tensor
+
+    body = await read_body(request, max_body)
+    if not body:
+        raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+        return _json_tensor(body, want)
+    body = await image_upload(request, body)
+    try:
+        img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
+    except DataError as exc:
+        raise decode_refusal(exc) from None
+    return to_tensor(img[None], infer_cfg["preprocess"])
+>>>>>>> rec
 
 
 def _json_tensor(body: bytes, want: list) -> np.ndarray:
@@ -429,12 +438,12 @@ def free_port(host: str = "127.0.0.1") -> socket.socket:
 class BackgroundServer:
     """uvicorn in a daemon thread on a free local port; a context manager that always stops it."""
 
-    def __init__(self, app, host: str = "127.0.0.1", start_timeout: float = 30.0):
+    def __init__(self, app, host: str = "127.0.0.1", start_timeout: float = 30.0, limits: HttpLimits | None = None):
         import uvicorn
 
         self.sock = free_port(host)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, limits, lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.start_timeout = start_timeout
 
@@ -484,8 +493,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads: int = 0,
-          sock: socket.socket | None = None, **app_kw) -> None:
-    """Serve until interrupted; sock: an already bound listening socket (else host:port is bound here)."""
+          sock: socket.socket | None = None, limits: HttpLimits | None = None, **app_kw) -> None:
+    """Serve until interrupted or SIGTERM (in-flight requests get limits.grace_s to finish); sock: an
+    already bound listening socket (else host:port is bound here)."""
     import uvicorn
 
     sock = sock or bind(host, port)    # a busy port fails here, before the model loads or "serving" prints
@@ -499,7 +509,9 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
                  app.state.endpoints)
         log.info("request log: %s", "one line per request" if app_kw.get("log_requests") else
                  f"a summary line per {app.state.traffic.every_s:g} s of traffic (serve.access_log=true: one per request)")
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+        stop_quietly_on_sigterm()
+        uvicorn.Server(uvicorn_config(app, limits)).run(sockets=[sock])
+        log.info("stopped")
     finally:
         sock.close()
 

@@ -20,7 +20,7 @@ from pipeline import amp, checkpoint, env, ocr
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.distributed import launch_stage
 from pipeline.errors import ConfigError, DataError, NonFiniteError
-from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
+from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate, count_nonfinite
 from pipeline.models import imported
 from pipeline.preprocess import to_tensor
 from pipeline.runner import Stage, StageContext, StageResult
@@ -185,6 +185,7 @@ def run(ctx: StageContext) -> StageResult:
         task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
     _note_output_kind(task, model, first)
     initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    before = _pretrained_metrics(task, model, ds, spec) if pretrained else {}
     classes = shape[-1]
     if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
         check_labels(classes, ds.train.labels, "training set")
@@ -225,7 +226,7 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(
         gates=[gate],
         precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
-        metrics={**val_metrics, **moved, "epochs": len(history), "best_epoch": train_info["best_epoch"],
+        metrics={**val_metrics, **moved, **before, "epochs": len(history), "best_epoch": train_info["best_epoch"],
                  "skipped_steps": sum(h["skipped_steps"] for h in history),
                  "scaler_skipped_steps": sum(h.get("scaler_skipped_steps", 0) for h in history),
                  "nonfinite_loss_steps": sum(h.get("nonfinite_loss_steps", 0) for h in history),
@@ -248,6 +249,15 @@ def _note_output_kind(task, model, x: np.ndarray) -> None:
             task.outputs = "probabilities"
             log.info("[train] the model outputs probabilities (softmax): CTC gets log-probabilities, gates compare "
                      "log-probabilities")
+
+
+def _pretrained_metrics(task, model, ds, spec) -> dict:
+    """The starting point's validation metrics, so a fine-tune reports before vs after."""
+    from pipeline.train_loop import predict
+
+    out = task.metrics(predict(model, to_tensor(ds.val.images, spec), batch=16), ds.val.labels)
+    log.info("[train] pretrained model before training: %s", out)
+    return {f"pretrained_{k}": v for k, v in out.items()}
 
 
 def check_weights_moved(model, initial: dict, final: dict, lr: float) -> dict:
@@ -348,14 +358,18 @@ def import_model(ctx) -> StageResult:
     (ctx.out_dir / "imported").mkdir()
     for suffix in imported.SUFFIXES:             # downstream stages read the run, never the user's folder
         shutil.copy2(str(prefix) + suffix, ctx.out_dir / "imported" / ("inference" + suffix))
-    _, _, val_metrics, k = write_reference(ctx, task, model, ds, spec)
+    _, val_out, val_metrics, k = write_reference(ctx, task, model, ds, spec)
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
               "inference_yml": imported.inference_yml(prefix)}
     write_info(ctx, task, ds, spec, source="inference", imported=record)
     metric = task.primary_metric
+    # executed whatever the labels: the program loaded, fit the task's signature and gave finite outputs
+    loaded = Gate("train", "imported program: signature and outputs", "float32", "float32", metric, status=OK,
+                  checks=[Check("finite", float(count_nonfinite(val_out)), 0.0, "<=", True),
+                          Check("input/output signature fits the task", 1.0, 1.0, ">=", True)])
     gate = metric_gate(cfg, "imported program on validation", metric, val_metrics[metric], "float32", "float32")
-    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+    return StageResult(gates=[loaded, gate], precision={"requested": "float32", "effective": "float32"},
                        metrics={**val_metrics, "val_samples": int(len(ds.val.labels))},
                        info={"imported": record, "val_slice": k})
 
@@ -363,8 +377,9 @@ def import_model(ctx) -> StageResult:
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
               make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
               outputs=("info.json", "val_slice.npz", "calib.npz"),
-              # trained: model.pdparams + metrics.jsonl; imported (model.source=inference): the program's copy
-              optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.*"),
+              # trained: weights and telemetry; imported (model.source=inference): the program's files
+              optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
+                                "imported/inference.pdiparams"),
               code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
                          "pipeline/text_metrics.py", "pipeline/layout.py"),

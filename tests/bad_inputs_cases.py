@@ -74,6 +74,7 @@ class HttpCase:
     expect: tuple[str, ...]
     category: str = "serve: HTTP"
     kind: str = "http"
+    absent: tuple[str, ...] = ()        # words that must not appear in the answer
 
 
 @dataclass
@@ -159,11 +160,11 @@ def giant_member_archive(e: Env) -> Path:
     return path
 
 
-def png_header(width: int, height: int) -> bytes:
+def png_header(width: int, height: int, depth: int = 8) -> bytes:
     """A PNG whose IHDR announces width x height (a few hundred bytes; the pixels are never there)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
@@ -486,8 +487,11 @@ REGRESSION = [
             lambda e: ["accept", str(e.tmp / "nope"), *e.smoke(root=e.tmp)], ("refusing to accept",)),
     CliCase("history-not-sqlite", "nightly", "history database that is not SQLite",
             lambda e: ["history", *e.smoke(f"regression.history={e.write('h.sqlite', 'garbage')}")], ("not a database",)),
-    CliCase("nightly-existing-run", "nightly", "nightly into an existing run folder",
-            lambda e: ["nightly", *e.smoke()], ("fresh run folder",)),
+    CliCase("nightly-ocr-system", "nightly", "nightly on an OCR system config (two runs joined, not one chain)",
+            lambda e: ["nightly", "-c", "configs/smoke_ocr_system.yaml", "-o", f"run.root={e.tmp / 'runs'}",
+                       "-o", f"regression.history={e.tmp / 'history.sqlite'}"], ("one model's chain",)),
+    CliCase("stage-not-of-task", "run", "a stage of another task (the OCR system stage in a classification run)",
+            lambda e: ["run", "system", *e.smoke()], ("does not apply to task: classification",)),
 ]
 
 
@@ -644,7 +648,271 @@ def _npz_shifted(e: Env) -> bytes:
         return _npz(outputs=z["outputs"] + 1.0, labels=z["labels"], files=z["files"])
 
 
-CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION
+
+# ------------------------------------------------------------------------------------ issue 21: hostile, third round
+
+def _bytes_of(fmt: str, mode: str = "L", size=(32, 32), **save) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, size, 128).save(buf, format=fmt, **save)
+    return buf.getvalue()
+
+
+def dds_malformed() -> bytes:
+    """A 384-byte DDS whose pixel format flags Pillow does not know (NotImplementedError in its decoder)."""
+    head = bytearray(128)
+    head[0:4] = b"DDS "
+    struct.pack_into("<IIII", head, 4, 124, 0x1007, 32, 32)
+    struct.pack_into("<II", head, 76, 32, 0x80000)        # pixel format size, unknown flags
+    return bytes(head) + b"\0" * 256
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 32\nnewpath 0 0 moveto 32 32 lineto stroke\nshowpage\n"
+
+
+def bmp_bad_depth() -> bytes:
+    raw = bytearray(_bytes_of("BMP"))
+    struct.pack_into("<H", raw, 28, 7)                     # 7 bits per pixel: no decoder for it
+    return bytes(raw)
+
+
+def gif_header(width: int, height: int) -> bytes:
+    return b"GIF89a" + struct.pack("<HH", width, height) + b"\x00\x00\x00" + b"\x2c" + b"\0" * 9 + b"\x02\x02\x44\x01\x00\x3b"
+
+
+def jpeg_header(width: int, height: int) -> bytes:
+    """A small real JPEG whose SOF0 is rewritten to announce width x height."""
+    raw = bytearray(_jpeg())
+    at = raw.index(b"\xff\xc0")
+    struct.pack_into(">HH", raw, at + 5, height, width)
+    return bytes(raw)
+
+
+def _img_post(data: bytes, ctype: str = "image/png", url: str = "/predict") -> dict:
+    return {"method": "POST", "url": url, "content": data, "headers": {"content-type": ctype}}
+
+
+HTTP += [
+    HttpCase("dds-malformed", "384-byte malformed DDS sent as image/png (its decoder raised NotImplementedError: 500)",
+             lambda e: _img_post(dds_malformed()), 400, ("not a readable image", "PNG, JPEG"), category="serve: image decoding"),
+    HttpCase("eps-as-png", "an EPS sent as image/png (Pillow went looking for Ghostscript)",
+             lambda e: _img_post(EPS), 400, ("not a readable image",), category="serve: image decoding"),
+    HttpCase("jpeg-as-png", "JPEG bytes sent as image/png", lambda e: _img_post(_jpeg()), 400,
+             ("image/png", "JPEG"), category="serve: image decoding"),
+    HttpCase("multipart-mismatch", "multipart file part typed image/png holding a GIF",
+             lambda e: {"method": "POST", "url": "/predict", "files": {"file": ("a.png", _bytes_of("GIF"), "image/png")}},
+             400, ("image/png", "GIF"), category="serve: image decoding"),
+    HttpCase("bmp-bad-depth", "a BMP announcing 7 bits per pixel", lambda e: _img_post(bmp_bad_depth(), "image/bmp"),
+             400, ("not a readable BMP",), category="serve: image decoding"),
+    HttpCase("tiff-truncated", "a TIFF cut after its header", lambda e: _img_post(_bytes_of("TIFF")[:40], "image/tiff"),
+             400, ("TIFF",), category="serve: image decoding"),
+    HttpCase("gif-truncated", "a GIF cut short", lambda e: _img_post(_bytes_of("GIF")[:20], "image/gif"), 400,
+             ("GIF",), category="serve: image decoding"),
+    HttpCase("webp-garbage", "RIFF/WEBP magic followed by garbage", lambda e: _img_post(b"RIFF\x20\0\0\0WEBPVP8 " + b"\x07" * 40,
+             "image/webp"), 400, ("WEBP",), category="serve: image decoding"),
+    HttpCase("png-idat-garbage", "a PNG whose pixel data is not zlib", lambda e: _img_post(
+             _bytes_of("PNG").replace(b"IDAT", b"IDAT\x00\x00", 1)), 400, ("not a readable PNG",), category="serve: image decoding"),
+    HttpCase("svg", "an SVG (image/svg+xml)", lambda e: _img_post(b"<svg xmlns='http://www.w3.org/2000/svg'/>", "image/svg+xml"),
+             415, ("content-type",), category="serve: image decoding"),
+    HttpCase("garbage-message", "garbage bytes: the answer names no Python object",
+             lambda e: _img_post(b"\x00\x01garbage" * 10), 400, ("not a readable image",),
+             category="serve: image decoding", absent=("BytesIO", "0x")),
+    HttpCase("png16-huge", "16-bit PNG header announcing 10000x10000", lambda e: _img_post(
+             png_header(10000, 10000, depth=16)), 413,
+             ("serve.max_pixels",), category="serve: image decoding"),
+    HttpCase("jpeg-huge", "JPEG header announcing 60000x60000", lambda e: _img_post(jpeg_header(60000, 60000), "image/jpeg"),
+             413, ("3,600,000,000 pixels", "serve.max_pixels"), category="serve: image decoding"),
+    HttpCase("gif-huge", "GIF header announcing 65535x65535", lambda e: _img_post(gif_header(65535, 65535), "image/gif"),
+             413, ("pixels",), category="serve: image decoding"),
+]
+
+
+def _v2_doc(**changes) -> dict:
+    doc = _v2_input([1, 1, 32, 32])
+    tensor = {**doc["inputs"][0], **changes.pop("tensor", {})}
+    return {**doc, "inputs": [tensor], **changes}
+
+
+def _v2_binary(e: Env, shape, size: int, blob: bytes = b"") -> dict:
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": shape,
+                                   "parameters": {"binary_data_size": size}}]}).encode()
+    return {"method": "POST", "url": f"/v2/models/{e.bundle.name}/infer", "content": head + blob,
+            "headers": {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}}
+
+
+_V2 = "serve: KServe v2"
+HTTP += [
+    HttpCase("v2-shape-overflow", "shape [2^32, 2^32, 32, 32] (element count overflows int64 to 0) with empty data",
+             lambda e: _v2(e, _v2_doc(tensor={"shape": [1 << 32, 1 << 32, 32, 32], "data": []})), 400, ("shape",), category=_V2),
+    HttpCase("v2-shape-overflow-binary", "the same overflowing shape in the binary-data form",
+             lambda e: _v2_binary(e, [1 << 32, 1 << 32, 32, 32], 0), 400, ("shape",), category=_V2),
+    HttpCase("v2-bool-dims", "boolean dimensions", lambda e: _v2(e, _v2_doc(tensor={"shape": [True, True, 32, 32]})),
+             400, ("inputs[0].shape[0]",), category=_V2),
+    HttpCase("v2-input-params-list", "an input's parameters given as a list",
+             lambda e: _v2(e, _v2_doc(tensor={"parameters": []})), 400, ("inputs[0].parameters",), category=_V2),
+    HttpCase("v2-request-params-list", "the request's parameters given as a list",
+             lambda e: _v2(e, _v2_doc(parameters=[1])), 400, ("'parameters'",), category=_V2),
+    HttpCase("v2-outputs-string", "outputs given as a string", lambda e: _v2(e, _v2_doc(outputs="output")), 400,
+             ("'outputs'",), category=_V2),
+    HttpCase("v2-output-params-number", "an output's parameters given as a number",
+             lambda e: _v2(e, _v2_doc(outputs=[{"name": "output", "parameters": 5}])), 400,
+             ("outputs[0].parameters",), category=_V2),
+    HttpCase("v2-negative-dim", "a negative dimension", lambda e: _v2(e, _v2_doc(tensor={"shape": [1, 1, -32, 32]})),
+             400, ("inputs[0].shape[2]",), category=_V2),
+    HttpCase("v2-float-dim", "a fractional dimension", lambda e: _v2(e, _v2_doc(tensor={"shape": [1.5, 1, 32, 32]})),
+             400, ("inputs[0].shape[0]",), category=_V2),
+    HttpCase("v2-name-number", "an input name that is a number", lambda e: _v2(e, _v2_doc(tensor={"name": 5})), 400,
+             ("inputs[0].name",), category=_V2),
+    HttpCase("v2-no-inputs", "a request without inputs", lambda e: _v2(e, {"id": "a"}), 400, ("'inputs'",), category=_V2),
+    HttpCase("v2-size-string", "binary_data_size given as text", lambda e: _v2(e, _v2_doc(
+             tensor={"parameters": {"binary_data_size": "4096"}})), 400, ("binary_data_size",), category=_V2),
+    HttpCase("v2-id-object", "an id that is an object", lambda e: _v2(e, _v2_doc(id={"a": 1})), 400, ("'id'",), category=_V2),
+    HttpCase("v2-batch-huge", "batch dimension 10^12 with one value", lambda e: _v2(e, _v2_doc(
+             tensor={"shape": [10 ** 12, 1, 32, 32], "data": [0.0]})), 400, ("limit",), category=_V2),
+]
+
+
+def _folder_with(e: Env, name: str, data: bytes) -> Path:
+    root = image_folder(e)
+    (root / "b" / name).write_bytes(data)
+    return root
+
+
+def _folder_case(id: str, what: str, name: str, data: Callable[[], bytes], *expect: str) -> CliCase:
+    return CliCase(id, "data: images", what, lambda e: ["run", "train", *e.smoke(
+        "data.source=folder", f"data.path={_folder_with(e, name, data())}")], (name, *expect))
+
+
+def _non_utf8_class(e: Env) -> Path:
+    root = image_folder(e)
+    os.rename(root / "b", os.path.join(os.fsencode(root), b"caf\xe9"))
+    return root
+
+
+def _labelfile_with(e: Env, data: bytes) -> Path:
+    (e.tmp / "crops").mkdir(parents=True, exist_ok=True)
+    (e.tmp / "crops" / "a.png").write_bytes(data)
+    return e.write("gt.txt", "crops/a.png\tABC\n")
+
+
+DATA += [
+    _folder_case("folder-dds", "a malformed DDS named .png among the images (its decoder raised NotImplementedError)",
+                 "x.png", dds_malformed, "not a readable image"),
+    _folder_case("folder-eps", "an EPS named .png among the images", "x.png", lambda: EPS, "not a readable image"),
+    _folder_case("folder-jpeg-cut", "a JPEG cut short among the images", "x.jpg", lambda: _jpeg()[:80], "not a readable JPEG"),
+    _folder_case("folder-bmp-depth", "a BMP announcing 7 bits per pixel", "x.bmp", bmp_bad_depth, "not a readable BMP"),
+    _folder_case("folder-empty-file", "a 0-byte .png among the images", "x.png", lambda: b"", "not a readable image"),
+    _folder_case("folder-gif-huge", "a GIF announcing 65535x65535 (a decompression bomb)", "x.gif",
+                 lambda: gif_header(65535, 65535), "x.gif"),
+    CliCase("folder-non-utf8-class", "data: images", "a class folder whose name is not UTF-8 (was served as lone surrogates)",
+            lambda e: ["run", "train", *e.smoke("data.source=folder", f"data.path={_non_utf8_class(e)}")],
+            ("caf\\xe9", "not valid UTF-8")),
+    CliCase("labelfile-dds", "data: images", "a recognition label line pointing at a malformed DDS",
+            lambda e: ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64",
+                                                 "data.num_val=16", "data.source=folder",
+                                                 f"data.path={_labelfile_with(e, dds_malformed())}")],
+            ("gt.txt:1", "not a readable image")),
+]
+
+
+def _serve_cfg(id, what, override, *expect):
+    return CliCase(id, "config (-o)", what, lambda e, o=override: ["serve", str(e.bundle), "--port", _free_port(),
+                                                                     *e.smoke(o)], expect, absent=("serving",))
+
+
+CONFIG += [
+    _serve_cfg("header-bytes-tiny", "serve.max_header_bytes=10 (no client fits)", "serve.max_header_bytes=10",
+               "serve.max_header_bytes"),
+    _serve_cfg("body-timeout-zero", "serve.body_timeout_s=0", "serve.body_timeout_s=0", "serve.body_timeout_s"),
+    _serve_cfg("header-timeout-text", "serve.header_timeout_s=soon", "serve.header_timeout_s=soon", "serve.header_timeout_s"),
+    _serve_cfg("grace-negative", "serve.grace_s=-1", "serve.grace_s=-1", "serve.grace_s"),
+    _serve_cfg("keepalive-zero", "serve.keepalive_s=0", "serve.keepalive_s=0", "serve.keepalive_s"),
+]
+
+
+class _Held:
+    """Something a case holds until it ends (a mount, a process): release_held() closes it."""
+
+    def __init__(self, close: Callable[[], None]):
+        self.close = close
+
+
+def mount_tmpfs(e: Env, name: str, *, readonly: bool = False, size: str = "64m", fill_from: Path | None = None) -> Path:
+    """A real tmpfs at e.tmp/name (read-only, or small for ENOSPC), unmounted when the case ends.
+    Skips where mounting is not allowed (tests run as root here; chmod alone cannot deny root)."""
+    import subprocess
+
+    import pytest
+
+    point = e.tmp / name
+    point.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)")
+    _HELD.append(_Held(lambda: subprocess.run(["umount", "-l", str(point)], capture_output=True)))
+    if fill_from is not None:
+        shutil.copytree(fill_from, point, dirs_exist_ok=True)
+    if readonly:
+        subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True, capture_output=True)
+    return point
+
+
+def _ro_copy_of_run(e: Env) -> Path:
+    src = damaged_run(e, "train/info.json", (e.base / "runs" / "smoke" / "train" / "info.json").read_bytes())
+    return mount_tmpfs(e, "ro-runs", readonly=True, size="256m", fill_from=src)
+
+
+def _stages_copy(e: Env) -> Path:
+    return damaged_run(e, "train/info.json", (e.base / "runs" / "smoke" / "train" / "info.json").read_bytes())
+
+
+def hold_run_lock(e: Env) -> Path:
+    """Another process holding the run folder's lock (pipeline/runlock.py); returns its run.root."""
+    import subprocess
+
+    root = e.tmp / "locked"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline import runlock; "
+            f"runlock.acquire({str(root / 'smoke')!r}); print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    _HELD.append(_Held(lambda: (proc.kill(), proc.wait())))
+    assert proc.stdout.readline().strip() == "locked"
+    return root
+
+
+STORAGE = [
+    CliCase("run-locked", "run: storage", "a second run into a run folder another process is writing",
+            lambda e: ["run", "train", *e.smoke(root=hold_run_lock(e))], ("in use by pid", "since", "run.name")),
+    CliCase("run-root-readonly", "run: storage", "run.root on a read-only file system (a real read-only tmpfs)",
+            lambda e: ["run", "train", *e.smoke(root=mount_tmpfs(e, "ro", readonly=True))], ("read-only", "ro")),
+    CliCase("run-uptodate-readonly", "run: storage", "an up-to-date run on a read-only mount",
+            lambda e: ["run", "train", *e.smoke(root=_ro_copy_of_run(e))], ("read-only",)),
+    CliCase("bundle-root-readonly", "run: storage", "bundle.root on a read-only file system",
+            lambda e: ["run", "bundle", *e.smoke(f"bundle.root={mount_tmpfs(e, 'ro-b', readonly=True)}", root=_stages_copy(e))],
+            ("bundle: cannot write", "read-only")),
+    CliCase("bundle-root-full", "run: storage", "bundle.root on a full file system (a 64 KiB tmpfs)",
+            lambda e: ["run", "bundle", *e.smoke(f"bundle.root={mount_tmpfs(e, 'full', size='64k')}", root=_stages_copy(e))],
+            ("bundle: cannot write", "no space left")),
+    CliCase("run-root-is-file", "run: storage", "run.root that is a regular file",
+            lambda e: ["run", "train", *e.smoke(root=e.write("afile", "x"))], ("cannot", "afile")),
+    CliCase("bundle-root-is-file", "run: storage", "bundle.root that is a regular file",
+            lambda e: ["run", "bundle", *e.smoke(f"bundle.root={e.write('bfile', 'x')}", root=_stages_copy(e))],
+            ("bundle:", "bfile")),
+]
+
+
+def _sample_replaced(e: Env, data: bytes) -> Path:
+    with np.load(e.bundle / "samples" / "expected.npz") as z:
+        rel = str(z["files"][0])
+    return tampered_rehashed(e, rel, data)
+
+
+VERIFY += [
+    CliCase("verify-sample-dds", "verify: content", "a bundle sample replaced by a malformed DDS, manifest rehashed",
+            lambda e: ["verify", str(_sample_replaced(e, dds_malformed()))], ("samples", "not a readable image")),
+]
+
+
+CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE
 ALL = CLI_CASES + HTTP + PROC
 
 

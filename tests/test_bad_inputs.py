@@ -74,13 +74,13 @@ _HASHES: dict[tuple, str] = {}
 
 def snapshot(e: corpus.Env) -> dict[str, str]:
     """sha256 of every artifact that exists before a case: stage outputs, bundles, the signed copy.
-    (config.resolved.yaml records the latest invocation and .work/ is scratch: not artifacts.)
+    (config.resolved.yaml records the latest invocation, .lock the latest writer, .work/ is scratch: not artifacts.)
     A file whose inode, size and mtime are unchanged is not re-read: any rewrite changes them."""
     out = {}
     for top in (e.base / "runs" / "smoke", e.base / "bundles", e.signed):
         for p in sorted(top.rglob("*")):
             rel = p.relative_to(e.base if top != e.signed else top.parent)
-            if p.is_file() and rel.name != "config.resolved.yaml" and ".work" not in rel.parts:
+            if p.is_file() and rel.name not in ("config.resolved.yaml", ".lock") and ".work" not in rel.parts:
                 st = p.stat()
                 key = (str(p), st.st_ino, st.st_size, st.st_mtime_ns)
                 if key not in _HASHES:
@@ -166,6 +166,8 @@ def test_http_case(case, http, case_env):
     assert "\n" not in message and "Traceback" not in r.text
     for word in case.expect:
         assert word in message, f"{word!r} not in: {message}"
+    for word in case.absent:
+        assert word not in message, f"{word!r} in: {message}"
 
 
 @pytest.mark.parametrize("case", corpus.PROC, ids=[c.id for c in corpus.PROC])
@@ -186,7 +188,25 @@ def test_subprocess_case(case, case_env):
 def test_docs_table_is_current():
     doc = ROOT / "docs" / "bad_inputs.md"
     assert doc.read_text() == corpus.table(), "regenerate it: .venv/bin/python scripts/bad_inputs_table.py"
-    assert len(corpus.ALL) >= 60
+    assert len(corpus.ALL) >= 180
+
+
+def test_16bit_copies_of_the_bundle_samples_are_classified_like_the_originals(env, http):
+    """16-bit PNGs used to be clipped to all-white by convert('L'): every one answered like a blank image."""
+    import numpy as np
+    from PIL import Image
+
+    with np.load(env.bundle / "samples" / "expected.npz") as z:
+        files = [str(f) for f in z["files"]]
+    for rel in files:
+        original = (env.bundle / rel).read_bytes()
+        pixels = np.asarray(Image.open(io.BytesIO(original)).convert("L"), dtype=np.uint16)
+        buf = io.BytesIO()
+        Image.fromarray(pixels * 257).save(buf, format="PNG")           # 16-bit, same picture
+        assert Image.open(io.BytesIO(buf.getvalue())).mode == "I;16"
+        answers = [http.post("/predict", content=body, headers={"content-type": "image/png"}).json()["predictions"]
+                   for body in (original, buf.getvalue())]
+        assert answers[0] == answers[1], rel
 
 
 # ------------------------------------------------------------------------------------ signatures

@@ -148,7 +148,8 @@ def test_task_data_specs_and_geometry_check(tmp_path):
     assert ds.train.images.tobytes() != ds.val.images.tobytes()[:ds.train.images.nbytes]
     assert ds.info["charset"] == DEFAULT_CHARSET
     assert task.preprocess_spec(_tiny_cfg(tmp_path), ds.info)["resize"] == "pad_right"
-    assert task.postprocess_spec(ds.info) == {"type": "ctc_greedy", "blank": 0, "charset": DEFAULT_CHARSET}
+    assert task.postprocess_spec(ds.info) == {"type": "ctc_greedy", "blank": 0, "charset": DEFAULT_CHARSET,
+                                              "outputs": "logits", "use_space_char": False}
     with pytest.raises(ConfigError, match="16 CTC time steps"):     # CRNN: width/4 = 16 steps < 23
         task.check_output_shape([1, 16, len(DEFAULT_CHARSET) + 1], {**ds.info, "max_len": 12})
     # time steps come from the model: the SVTR recogniser keeps width/8 (like PP-OCRv3)

@@ -202,39 +202,7 @@ def test_create_app_refuses_a_tampered_bundle(smoke_bundle, tmp_path):
         create_app(copy)
 
 
-def test_concurrency_limit_answers_429_while_requests_are_in_progress(tiny_model):
-    import httpx
-
-    import socket
-    import time
-
-    from pipeline.serve import BackgroundServer, create_app_from_model
-
-    app = create_app_from_model(*tiny_model, max_concurrency=1, log_requests=False)
-    with BackgroundServer(app) as srv:
-        host, port = srv.url.rsplit("/", 1)[1].split(":")
-        stalled = socket.create_connection((host, int(port)))
-        try:   # a request whose body never finishes holds the only slot
-            stalled.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: image/png\r\n"
-                            b"content-length: 1000\r\n\r\n\x89PNG")
-            deadline = time.time() + 10
-            r = None
-            while time.time() < deadline:
-                r = httpx.post(srv.url + "/predict", content=b"x", headers={"content-type": "image/png"})
-                if r.status_code == 429:
-                    break
-                time.sleep(0.05)
-            assert r is not None and r.status_code == 429, r.text if r is not None else None
-            assert "serve.max_concurrency" in r.json()["error"] and r.headers["retry-after"] == "1"
-        finally:
-            stalled.close()
-        deadline = time.time() + 10          # the slot is released when the stalled client goes away
-        while time.time() < deadline:
-            r = httpx.post(srv.url + "/predict", content=b"x", headers={"content-type": "image/png"})
-            if r.status_code != 429:
-                break
-            time.sleep(0.05)
-        assert r.status_code == 400          # served again (and told the body is not an image)
+# the concurrency limit (429) and slow clients: tests/test_http_limits.py (a trickling body holds no slot now)
 
 
 def test_request_log_summary_by_default_and_per_request_when_asked(tiny_model):

@@ -52,7 +52,7 @@ def test_label_file_relative_to_file_not_cwd(label_dir: Path, monkeypatch, tmp_p
     ("crops/a.png\t", "empty label"),
     ("crops/a.png\tinv-1?", "not in the charset: ['?', 'i', 'n', 'v']"),
     ("crops/missing.png\tAB", "does not exist"),
-    ("crops/broken.png\tAB", "cannot be read"),
+    ("crops/broken.png\tAB", "not a readable image"),
     ("crops/a.png\tABCDEFGHIJ", "max_len"),
 ])
 def test_label_file_bad_line_names_file_and_line(label_dir: Path, line: str, needle: str):

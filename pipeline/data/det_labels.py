@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
+from ..imagedecode import image_size
 from ..errors import DataError
 from .imagefolder import read_image
 from .invoice_pages import pack_quads
@@ -48,8 +48,7 @@ def _parse_boxes(payload: str) -> list[tuple[str, np.ndarray]]:
 
 
 def _page_size(path: Path) -> tuple[int, int]:
-    with Image.open(path) as img:
-        return img.size
+    return image_size(path)
 
 
 def load_det_label_file(path: str | os.PathLike, height: int, width: int, max_boxes: int,

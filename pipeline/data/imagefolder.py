@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
+from .. import imagedecode
+from ..imagedecode import printable
 from ..errors import ConfigError, DataError
 from ..preprocess import fit_image
 
@@ -31,14 +31,18 @@ def check_on_bad(on_bad: str) -> None:
 def read_image(path: str | os.PathLike, spec: dict) -> np.ndarray:
     """Image file → uint8 [H, W] fitted to `spec`; DataError naming the file if unreadable."""
     try:
-        with Image.open(path) as img:
-            img.load()          # decode now: a truncated file fails here, not later in training
-            return fit_image(img, spec)
-    except FileNotFoundError:
-        raise DataError(f"image {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DataError(f"image {path} cannot be read: {exc}",
-                        hint="re-save it as PNG/JPEG, delete it, or set data.on_bad_sample: skip") from None
+        return fit_image(imagedecode.load_file(path), spec)     # any decoder error: one DataError
+    except imagedecode.UnreadableImage as exc:
+        raise DataError(exc.message, hint="re-save it as PNG/JPEG, delete it, or set data.on_bad_sample: skip") from None
+
+
+def _check_class_name(d: Path) -> None:
+    """Class names become the bundle's labels (JSON, YAML, HTTP answers): they must be real text."""
+    try:
+        d.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(f"class folder {printable(d)} has a name that is not valid UTF-8",
+                        hint="rename it in UTF-8 (e.g. `convmv -f latin1 -t utf8`): class names become the labels") from None
 
 
 def _is_image(p: Path, root: Path) -> bool:
@@ -67,23 +71,19 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
     if len(class_dirs) < 2:
         raise DataError(f"image folder {root} has only one class ({class_dirs[0].name}); "
                         "classification needs at least 2", hint="add a subfolder per class")
+    for d in class_dirs:
+        _check_class_name(d)
     spec = {"height": height, "width": width, "resize": "stretch"}
     images: list[np.ndarray] = []
     labels: list[int] = []
     skipped = 0
     for cls, d in enumerate(class_dirs):
         files = sorted((p for p in d.rglob("*") if _is_image(p, d)), key=lambda p: str(p))
-        count = 0
-        for f in files:
-            try:
-                images.append(read_image(f, spec))
-            except DataError:
-                if on_bad == "error":
-                    raise
-                skipped += 1
-                continue
-            labels.append(cls)
-            count += 1
+        read, bad = _read_all(files, spec, on_bad)
+        images += read
+        labels += [cls] * len(read)
+        skipped += bad
+        count = len(read)
         if count == 0:
             # a class with no usable images would be a label the model can never learn
             raise DataError(f"class folder {d} has no readable images "
@@ -93,13 +93,8 @@ def load_image_folder(path: str | os.PathLike, height: int, width: int,
             [d.name for d in class_dirs], skipped)
 
 
-def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") -> tuple[np.ndarray, int]:
-    """Every image under a folder (sorted, recursively; hidden files ignored) fitted to `spec`, without
-    labels → (uint8 images, skipped). For validating an imported model on a user's own images."""
-    root = Path(path)
-    if not root.is_dir():
-        raise DataError(f"data.path {root} is not a folder of images", hint="point data.path at a folder")
-    files = sorted(p for p in root.rglob("*") if _is_image(p, root))
+def _read_all(files: list[Path], spec: dict, on_bad: str) -> tuple[list[np.ndarray], int]:
+    """Each file fitted to spec → (images, skipped); a bad file raises, or with on_bad="skip" is counted."""
     images, skipped = [], 0
     for f in files:
         try:
@@ -108,6 +103,16 @@ def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") 
             if on_bad == "error":
                 raise
             skipped += 1
+    return images, skipped
+
+
+def load_unlabelled(path: str | os.PathLike, spec: dict, on_bad: str = "error") -> tuple[np.ndarray, int]:
+    """Every image under a folder (sorted, recursively; hidden files ignored) fitted to `spec`, without
+    labels → (uint8 images, skipped). For validating an imported model on a user's own images."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"data.path {root} is not a folder of images", hint="point data.path at a folder")
+    images, skipped = _read_all(sorted(p for p in root.rglob("*") if _is_image(p, root)), spec, on_bad)
     if not images:
         raise DataError(f"no readable images in {root}", hint=f"extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}")
     return np.stack(images), skipped

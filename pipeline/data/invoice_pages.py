@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..artifacts import ordinary_mode
 from ..errors import DataError
 from .textlines import DEFAULT_CHARSET, load_fonts, random_text
 
@@ -266,6 +267,7 @@ def load_or_render(n: int, seed: int, height: int, width: int, max_boxes: int, f
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".pages-", suffix=".tmp")
         try:
+            ordinary_mode(fd)                # mkstemp makes 0600: a cache others may read too
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **data)
             os.replace(tmp, target)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from ..artifacts import ordinary_mode
 from ..errors import DataError
 from ..preprocess import fit_image
 
@@ -246,6 +247,7 @@ def load_or_render(n: int, seed: int, height: int = 32, width: int = 256, max_le
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=".textlines-", suffix=".tmp")
     try:
+        ordinary_mode(fd)                # mkstemp makes 0600: a cache others may read too
         with os.fdopen(fd, "wb") as f:   # a file object, so numpy does not append ".npz" to tmp
             np.savez(f, images=images, labels=np.array(labels, dtype=str))
         os.replace(tmp, target)          # atomic: readers see the old file or the whole new one

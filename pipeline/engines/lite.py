@@ -210,6 +210,24 @@ def convert(model_file: str | os.PathLike, params_file: str | os.PathLike,
     never modified). Written atomically: nothing appears at the final path on failure.
     """
     t0 = time.monotonic()
+    model, params = _convert_inputs(model_file, params_file, target, precision)
+    final = Path(str(out_prefix) + ".nb")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    # Temp dir beside the final file so os.replace stays on one filesystem (atomic).
+    tmp = Path(tempfile.mkdtemp(prefix=".lite-", dir=final.parent))
+    try:
+        nb, effective = _convert_in(tmp, model, params, target, precision, timeout, repair, notes)
+        os.replace(nb, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ConvertResult(path=final, size_bytes=final.stat().st_size, target=target,
+                         precision_requested=precision, precision_effective=effective,
+                         notes=notes, seconds=round(time.monotonic() - t0, 3))
+
+
+def _convert_inputs(model_file, params_file, target: str, precision: str) -> tuple[Path, Path]:
+    """Refuse what opt would crash on or silently mislabel, before any subprocess starts."""
     if target not in TARGETS:
         raise ConfigError(f"unknown Lite target {target!r}; expected one of {TARGETS}")
     if precision not in PRECISIONS:
@@ -222,53 +240,53 @@ def convert(model_file: str | os.PathLike, params_file: str | os.PathLike,
         ok, reason = fp16_status(target)
         if not ok:
             raise Unsupported(reason, "report FP16 as SKIPPED; an fp32 .nb is not an fp16 one")
-    final = Path(str(out_prefix) + ".nb")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
-    # Temp dir beside the final file so os.replace stays on one filesystem (atomic).
-    tmp = Path(tempfile.mkdtemp(prefix=".lite-", dir=final.parent))
-    try:
-        from pipeline.engines.program_repair import list_ops, repair_for_lite
+    return model, params
 
-        if repair:
-            fixed = tmp / "model.pdmodel"
-            notes += [f"repaired: {r}" for r in repair_for_lite(model, fixed)]
-            model = fixed
-        ops = list_ops(model)
-        if precision == "int8" and not any(o.startswith(_QUANT_OP_PREFIXES) for o in ops):
-            raise DataError("precision='int8' needs a PaddleSlim PTQ/QAT model with fake-quant "
-                            f"ops; this program has none (ops: {', '.join(ops)})")
-        missing = unsupported_ops(ops, target)
-        if supported_ops(target) is None:
-            notes.append(f"op support not checked: {_SUPPORTED_NOTE[target]}")
-        elif missing:
-            notes.append(f"ops not listed as supported on {target}: {', '.join(missing)}")
-        try:
-            nb = _opt(model, params, target, tmp / "out", fp16=precision == "fp16",
-                      quant_type=_QUANT_TYPE.get(precision), timeout=timeout)
-        except EngineCrash as exc:
-            if missing:
-                exc.message = f"{exc.message}; unsupported ops: {', '.join(missing)}"
-                exc.args = (exc.message,)
-            raise
-        kernel_precs = {_PREC_NAMES.get(k[3], str(k[3])) for k in nb_kernels(nb)}
-        effective = ("fp16" if "fp16" in kernel_precs else "int8" if "int8" in kernel_precs
-                     else precision if precision in _QUANT_TYPE else "fp32")
-        if precision in ("fp16", "int8") and effective != precision:
-            raise Unsupported(f"opt produced no {precision} kernels for target={target} "
-                              f"(kernel precisions: {sorted(kernel_precs)})")
-        if precision in _QUANT_TYPE:
-            notes.append(f"weight-only {precision}: weights stored quantized, dequantized to "
-                         "fp32 at load; kernels are fp32")
-        if not fp32_nb_runs_correctly_here(target, effective):
-            notes.append("not verifiable by running here: only an x86 fp32 .nb gives correct "
-                         "results on this host; verify with Paddle Inference instead")
-        os.replace(nb, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return ConvertResult(path=final, size_bytes=final.stat().st_size, target=target,
-                         precision_requested=precision, precision_effective=effective,
-                         notes=notes, seconds=round(time.monotonic() - t0, 3))
+
+def _convert_in(tmp: Path, model: Path, params: Path, target: str, precision: str, timeout: float,
+                repair: bool, notes: list[str]) -> tuple[Path, str]:
+    """Repair a copy of the program, run opt in a subprocess, read the kernel precisions back from the .nb."""
+    from pipeline.engines.program_repair import list_ops, repair_for_lite
+
+    if repair:
+        fixed = tmp / "model.pdmodel"
+        notes += [f"repaired: {r}" for r in repair_for_lite(model, fixed)]
+        model = fixed
+    ops = list_ops(model)
+    if precision == "int8" and not any(o.startswith(_QUANT_OP_PREFIXES) for o in ops):
+        raise DataError("precision='int8' needs a PaddleSlim PTQ/QAT model with fake-quant "
+                        f"ops; this program has none (ops: {', '.join(ops)})")
+    missing = unsupported_ops(ops, target)
+    if supported_ops(target) is None:
+        notes.append(f"op support not checked: {_SUPPORTED_NOTE[target]}")
+    elif missing:
+        notes.append(f"ops not listed as supported on {target}: {', '.join(missing)}")
+    try:
+        nb = _opt(model, params, target, tmp / "out", fp16=precision == "fp16",
+                  quant_type=_QUANT_TYPE.get(precision), timeout=timeout)
+    except EngineCrash as exc:
+        if missing:
+            exc.message = f"{exc.message}; unsupported ops: {', '.join(missing)}"
+            exc.args = (exc.message,)
+        raise
+    return nb, _effective_precision(nb, target, precision, notes)
+
+
+def _effective_precision(nb: Path, target: str, precision: str, notes: list[str]) -> str:
+    """What the .nb's kernels really are (never the requested label without them)."""
+    kernel_precs = {_PREC_NAMES.get(k[3], str(k[3])) for k in nb_kernels(nb)}
+    effective = ("fp16" if "fp16" in kernel_precs else "int8" if "int8" in kernel_precs
+                 else precision if precision in _QUANT_TYPE else "fp32")
+    if precision in ("fp16", "int8") and effective != precision:
+        raise Unsupported(f"opt produced no {precision} kernels for target={target} "
+                          f"(kernel precisions: {sorted(kernel_precs)})")
+    if precision in _QUANT_TYPE:
+        notes.append(f"weight-only {precision}: weights stored quantized, dequantized to "
+                     "fp32 at load; kernels are fp32")
+    if not fp32_nb_runs_correctly_here(target, effective):
+        notes.append("not verifiable by running here: only an x86 fp32 .nb gives correct "
+                     "results on this host; verify with Paddle Inference instead")
+    return effective
 
 
 def _check_input(x: Any, expected_shape: list[int]) -> None:

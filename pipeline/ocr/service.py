@@ -7,7 +7,6 @@ pipeline/ocr/system.read_pages, the very function the system stage gated.
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 from fastapi import Request
 
 from ..errors import DataError, PipelineError
+<<<<<<< HEAD
 from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
                      base_app, read_body)
 
@@ -31,30 +31,24 @@ def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
         raise _BadRequest(413, exc.one_line()) from None
     except DataError as exc:
         raise _BadRequest(400, exc.one_line()) from None
+=======
+from ..serve import (MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest, base_app,
+                     decode_refusal, image_upload, read_body)
+>>>>>>> rec
 
 
 async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:
-    from starlette.requests import Request as StarletteRequest
+    """The whole page, full resolution (crops are cut from it), through pipeline/imagedecode.decode_page."""
+    from ..imagedecode import decode_page
 
     body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send a page image (image/png or image/jpeg)")
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype == "multipart/form-data":
-        async def replay():
-            return {"type": "http.request", "body": body, "more_body": False}
-        try:
-            form = await StarletteRequest(request.scope, replay).form(max_files=1, max_fields=4)
-        except Exception as exc:
-            raise _BadRequest(400, f"malformed multipart body: {exc}") from None
-        files = [v for v in form.values() if hasattr(v, "read")]
-        if not files:
-            raise _BadRequest(400, "multipart body has no file part (send the page as field 'file')")
-        body = await files[0].read()
-    elif ctype not in IMAGE_TYPES:
-        raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use image/png, image/jpeg "
-                               "or multipart/form-data")
-    return _decode_page(body, max_pixels)
+    body = await image_upload(request, body, what="page")
+    try:
+        return decode_page(body, max_pixels=max_pixels)
+    except DataError as exc:
+        raise decode_refusal(exc) from None
 
 
 def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, name: str | None = None,
@@ -73,7 +67,7 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     name = name or folder.name
 
-    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
     @app.get("/health")
     async def health():

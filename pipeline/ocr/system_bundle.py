@@ -16,9 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from ..bundle import load_infer_config, verify_hashes
+from ..imagedecode import decode_file
 from ..errors import IntegrityError, MissingArtifact
 from ..gates import Check
 from .system import SystemSpec, read_pages
@@ -121,8 +121,7 @@ def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]]]:
         raise MissingArtifact(f"{folder}/samples/expected.json lists no sample pages")
     pages = []
     for item in expected:
-        with Image.open(folder / item["file"]) as img:
-            pages.append(np.asarray(img.convert("L")))
+        pages.append(decode_file(folder / item["file"]))
     return pages, [item["lines"] for item in expected]
 
 
