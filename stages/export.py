@@ -19,11 +19,7 @@ from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
 
 
-<<<<<<< HEAD
-def _save_trained(params, info: dict, task, prefix) -> None:
-=======
 def _save_trained(ctx, info: dict, task, prefix) -> None:
->>>>>>> rec
     """jit.save the trained weights: a builder's Layer through to_static, a fine-tuned inference program
     (model.pretrained) by re-saving the loaded program. Dynamic batch, and dynamic width where the
     preprocessing feeds each line at its own width (PaddleOCR's [-1, 3, 48, -1])."""
@@ -32,11 +28,7 @@ def _save_trained(ctx, info: dict, task, prefix) -> None:
 
     from pipeline.models import imported
 
-<<<<<<< HEAD
-    state = paddle.load(str(require_file(params, "trained parameters", "make train")))
-=======
     state = paddle.load(str(require_file(ctx.input("train", "model.pdparams"), "trained parameters", "make train")))
->>>>>>> rec
     model, _ = imported.build(task, info["model"], info["labels_info"], load_pretrained=False)
     model.set_state_dict(state)
     model.eval()
@@ -64,11 +56,7 @@ def run(ctx: StageContext) -> StageResult:
         for suffix in (".pdmodel", ".pdiparams"):
             shutil.copy2(ctx.input("train", f"imported/inference{suffix}"), str(prefix) + suffix)
     else:
-<<<<<<< HEAD
-        _save_trained(ctx.input("train", "model.pdparams"), info, task, prefix)
-=======
         _save_trained(ctx, info, task, prefix)
->>>>>>> rec
     seconds = time.perf_counter() - t0
 
     loaded = paddle.jit.load(str(prefix))        # the load is verified: the saved program must reproduce the reference
