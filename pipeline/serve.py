@@ -315,23 +315,12 @@ async def read_body(request, max_body: int) -> bytes:
     return b"".join(chunks)
 
 
-<<<<<<< HEAD
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS
-                      ) -> tuple[np.ndarray, list | None]:
-    """→ (model input, original (h, w) per image where the task maps its output back to it, else None)."""
-=======
 async def image_upload(request, body: bytes, what: str = "image") -> bytes:
     """The image bytes of a (size-capped, already read) body: the file part of a multipart form, or a raw
     image/* body. The declared content-type must name the format the bytes are (pipeline/imagedecode)."""
->>>>>>> rec
     from starlette.requests import Request
 
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-<<<<<<< HEAD
-    if ctype == "application/json":
-        return _json_tensor(body, want), None
-=======
->>>>>>> rec
     if ctype == "multipart/form-data":
         async def replay():                      # the body was already read (size-capped) above
             return {"type": "http.request", "body": body, "more_body": False}
@@ -350,19 +339,6 @@ async def image_upload(request, body: bytes, what: str = "image") -> bytes:
         raise _BadRequest(415, f"unsupported content-type '{ctype or 'none'}': use {', '.join(IMAGE_TYPES)}, "
                                "multipart/form-data" + (" or application/json" if what == "image" else ""))
     try:
-<<<<<<< HEAD
-        if infer_cfg["task"] == "detection":      # boxes come back in the page's own pixels
-            from .ocr.pages import decode_page, detection_input
-
-            page = decode_page(body, max_pixels)
-            return detection_input(page, infer_cfg["preprocess"]), [page.shape[:2]]
-        img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
-    except ImageTooLarge as exc:
-        raise _BadRequest(413, exc.one_line()) from None
-    except DataError as exc:
-        raise _BadRequest(400, exc.one_line()) from None
-    return to_tensor(img[None], infer_cfg["preprocess"]), None
-=======
         imagedecode.check_content_type(ctype, body)
     except DataError as exc:
         raise _BadRequest(400, exc.one_line()) from None
@@ -374,21 +350,27 @@ def decode_refusal(exc: DataError) -> _BadRequest:
     return _BadRequest(413 if isinstance(exc, imagedecode.ImageTooLarge) else 400, exc.one_line())
 
 
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS
+                      ) -> tuple[np.ndarray, list | None]:
+    """→ (model input, original (h, w) per image where the task maps its output back to it, else None)."""
     from .preprocess import decode_image_bytes, to_tensor
 
     body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
-        return _json_tensor(body, want)
+        return _json_tensor(body, want), None
     body = await image_upload(request, body)
     try:
+        if infer_cfg["task"] == "detection":      # boxes come back in the page's own pixels
+            from .ocr.pages import decode_page, detection_input
+
+            page = decode_page(body, max_pixels)
+            return detection_input(page, infer_cfg["preprocess"]), [page.shape[:2]]
         img = decode_image_bytes(body, infer_cfg["preprocess"], max_pixels=max_pixels)
     except DataError as exc:
         raise decode_refusal(exc) from None
-    return to_tensor(img[None], infer_cfg["preprocess"])
->>>>>>> rec
+    return to_tensor(img[None], infer_cfg["preprocess"]), None
 
 
 def _json_tensor(body: bytes, want: list) -> np.ndarray:

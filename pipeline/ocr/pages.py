@@ -2,33 +2,18 @@
 the PP-OCR models see them), so boxes come back in the page's own pixels."""
 from __future__ import annotations
 
-import io
-import warnings
-
 import numpy as np
 
-from ..errors import DataError
-from ..preprocess import ImageTooLarge, fit_image, to_tensor
+from ..preprocess import fit_image, to_tensor
 from . import ppocr
 
 
 def decode_page(data: bytes, max_pixels: int | None = None) -> np.ndarray:
-    """PNG/JPEG bytes → uint8 [H, W, 3] BGR (transparency on white). The pixel limit is read from the header
-    before anything is decoded (ImageTooLarge); unreadable bytes raise DataError."""
-    from PIL import Image
+    """PNG/JPEG/... bytes → uint8 [H, W, 3] BGR through the one decoder (pipeline/imagedecode: transparency on
+    white, 16-bit scaled, EXIF orientation); over max_pixels: ImageTooLarge, unreadable: DataError."""
+    from ..imagedecode import decode
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-        with img:
-            if max_pixels is not None and img.width * img.height > max_pixels:
-                raise ImageTooLarge(f"page is {img.width}x{img.height} = {img.width * img.height:,} pixels; "
-                                    f"the limit is {max_pixels:,} (serve.max_pixels)")
-            img.load()
-            return ppocr.page_from_pil(img)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise DataError(f"not a readable PNG/JPEG page image ({exc})", hint="send a PNG or JPEG file") from None
+    return decode(data, mode="BGR", max_pixels=max_pixels, what="page")
 
 
 def detection_input(page: np.ndarray, pre: dict) -> np.ndarray:

@@ -100,15 +100,10 @@ def batch_width(crops: list[np.ndarray], idx: np.ndarray, height: int, base_widt
 
 
 def page_from_pil(img) -> np.ndarray:
-    """A decoded PIL image → uint8 [H, W, 3] BGR; transparent pixels become white (a text PNG with an alpha
-    background is black-on-nothing: dropping alpha would leave black text on black)."""
-    from PIL import Image
+    """A decoded PIL image → uint8 [H, W, 3] BGR, converted as pipeline/imagedecode does (transparency on white)."""
+    from ..imagedecode import to_mode
 
-    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        img = Image.alpha_composite(canvas, rgba)
-    return cv2.cvtColor(np.asarray(img.convert("RGB")), cv2.COLOR_RGB2BGR)
+    return np.ascontiguousarray(np.asarray(to_mode(img, "RGB"))[..., ::-1])
 
 
 def _resize32(img: np.ndarray, ratio: float) -> tuple[np.ndarray, float, float]:

@@ -15,30 +15,12 @@ import numpy as np
 from fastapi import Request
 
 from ..errors import DataError, PipelineError
-<<<<<<< HEAD
-from ..serve import (IMAGE_TYPES, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest,
-                     base_app, read_body)
-
-
-def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
-    """The whole page, full resolution, BGR (crops are cut from it); the pixel limit is read from the header."""
-    from ..preprocess import ImageTooLarge
-    from .pages import decode_page
-
-    try:
-        return decode_page(body, max_pixels)
-    except ImageTooLarge as exc:
-        raise _BadRequest(413, exc.one_line()) from None
-    except DataError as exc:
-        raise _BadRequest(400, exc.one_line()) from None
-=======
 from ..serve import (MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest, base_app,
                      decode_refusal, image_upload, read_body)
->>>>>>> rec
 
 
 async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:
-    """The whole page, full resolution (crops are cut from it), through pipeline/imagedecode.decode_page."""
+    """The whole page, full resolution, BGR (crops are cut from it), through pipeline/imagedecode.decode_page."""
     from ..imagedecode import decode_page
 
     body = await read_body(request, max_body)
@@ -46,7 +28,7 @@ async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndar
         raise _BadRequest(400, "empty request body: send a page image (image/png or image/jpeg)")
     body = await image_upload(request, body, what="page")
     try:
-        return decode_page(body, max_pixels=max_pixels)
+        return decode_page(body, mode="BGR", max_pixels=max_pixels)   # colour: the PP-OCR models read BGR
     except DataError as exc:
         raise decode_refusal(exc) from None
 
