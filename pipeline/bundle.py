@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from .artifacts import MANIFEST, ordinary_mode, read_json, replace_dir, sha256_file
+from .artifacts import ordinary_mode, read_json, replace_dir, sha256_file
+from .bundle_layout import INFER_CONFIG, MANIFEST
 from .errors import IntegrityError, MissingArtifact
 
 FORMAT_VERSION = 1
@@ -94,7 +95,7 @@ def verify_hashes(folder: Path) -> dict:
 
 
 def load_infer_config(folder: Path) -> dict:
-    path = Path(folder) / "infer_config.yaml"
+    path = Path(folder) / INFER_CONFIG
     try:
         cfg = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

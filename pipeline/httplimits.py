@@ -48,74 +48,82 @@ def protocol_class(limits: HttpLimits) -> type:
     """uvicorn's httptools protocol with the header size limit and the header/body timers."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class LimitedProtocol(HttpToolsProtocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._in_head, self._head_bytes, self._timer = True, 0, None
-            self._arm(limits.header_timeout_s, self._head_timeout)
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self, seconds: float, callback) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(seconds, callback)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self._in_head and not self.transport.is_closing():   # counted before the head is complete
-                self._head_bytes += len(data)
-                if self._head_bytes > limits.max_header_bytes:
-                    self._refuse(431, f"request headers exceed {limits.max_header_bytes} bytes "
-                                      "(serve.max_header_bytes)")
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._in_head, self._head_bytes = True, 0
-            self._arm(limits.header_timeout_s, self._head_timeout)
-
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._arm(limits.body_timeout_s, self._body_timeout)
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._disarm()
-            super().on_message_complete()
-
-        def _refuse(self, status: int, message: str) -> None:
-            self._disarm()
-            if self.cycle is None or self.cycle.response_complete:   # never inside another response
-                self.transport.write(raw_response(status, message))
-            self.transport.close()
-
-        def _head_timeout(self) -> None:
-            self._timer = None
-            if self._head_bytes == 0:          # nothing sent: an idle connection, closed without a word
-                self.transport.close()
-            else:
-                self._refuse(408, f"request headers not complete within {limits.header_timeout_s:g} s "
-                                  "(serve.header_timeout_s)")
-
-        def _body_timeout(self) -> None:
-            """Wake the app with the deadline marked in its scope: ConcurrencyLimit answers 408 and the
-            response closes the connection. If nobody is reading the body, close it a second later."""
-            self._timer = None
-            cycle = self.cycle
-            if cycle is None or cycle.response_started:
-                self.transport.close()
-                return
-            cycle.scope[TIMED_OUT] = limits.body_timeout_s
-            cycle.message_event.set()
-            self._timer = self.loop.call_later(1.0, self.transport.close)
+    # uvicorn is imported only when serving, so the class is assembled here; its behaviour is _LimitsMixin's
+    class LimitedProtocol(_LimitsMixin, HttpToolsProtocol):
+        _serve_limits = limits
 
     return LimitedProtocol
+
+
+class _LimitsMixin:
+    """The limits of protocol_class, placed before HttpToolsProtocol in the MRO (super() is uvicorn's)."""
+    _serve_limits: HttpLimits
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._in_head, self._head_bytes, self._timer = True, 0, None
+        self._arm(self._serve_limits.header_timeout_s, self._head_timeout)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, callback) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():   # counted before the head is complete
+            self._head_bytes += len(data)
+            if self._head_bytes > self._serve_limits.max_header_bytes:
+                self._refuse(431, f"request headers exceed {self._serve_limits.max_header_bytes} bytes "
+                                  "(serve.max_header_bytes)")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
+        self._arm(self._serve_limits.header_timeout_s, self._head_timeout)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self._serve_limits.body_timeout_s, self._body_timeout)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._disarm()
+        if self.cycle is None or self.cycle.response_complete:   # never inside another response
+            self.transport.write(raw_response(status, message))
+        self.transport.close()
+
+    def _head_timeout(self) -> None:
+        self._timer = None
+        if self._head_bytes == 0:          # nothing sent: an idle connection, closed without a word
+            self.transport.close()
+        else:
+            self._refuse(408, f"request headers not complete within {self._serve_limits.header_timeout_s:g} s "
+                              "(serve.header_timeout_s)")
+
+    def _body_timeout(self) -> None:
+        """Wake the app with the deadline marked in its scope: ConcurrencyLimit answers 408 and the
+        response closes the connection. If nobody is reading the body, close it a second later."""
+        self._timer = None
+        cycle = self.cycle
+        if cycle is None or cycle.response_started:
+            self.transport.close()
+            return
+        cycle.scope[TIMED_OUT] = self._serve_limits.body_timeout_s
+        cycle.message_event.set()
+        self._timer = self.loop.call_later(1.0, self.transport.close)
 
 
 def uvicorn_config(app, limits: HttpLimits | None = None, **kw):

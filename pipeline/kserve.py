@@ -82,7 +82,7 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
                   input_name: str = "x", max_body: int = 16 * 1024 * 1024) -> None:
     """Attach the v2 routes. runner: async callable float32 [N, ...] -> np.ndarray (output 0);
     input_shape: model input with None for free dims."""
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
 
     shape_meta = [-1 if d is None else int(d) for d in input_shape]
 
@@ -92,22 +92,8 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
         if version not in (None, "", MODEL_VERSION):
             raise V2Error(404, f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}")
 
-    @app.exception_handler(V2Error)
-    async def _v2_error(_request, exc: V2Error):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
-
-    @app.get("/v2")
-    async def server_metadata():
-        return {"name": "pipeline-serve", "version": versions.get("pipeline", ""),
-                "extensions": ["binary_tensor_data"]}
-
-    @app.get("/v2/health/live")
-    async def live():
-        return {"live": True}
-
-    @app.get("/v2/health/ready")
-    async def ready():
-        return {"ready": True}
+    # routes that do not depend on the model; registered first so the route order is unchanged
+    _add_server_routes(app, versions)
 
     async def metadata(model: str, version: str | None = None):
         check_model(model, version)
@@ -139,6 +125,28 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
         app.add_api_route(base, metadata, methods=["GET"])
         app.add_api_route(base + "/ready", model_ready, methods=["GET"])
         app.add_api_route(base + "/infer", infer, methods=["POST"])
+
+
+def _add_server_routes(app, versions: dict) -> None:
+    """The v2 error handler, server metadata and health routes (the same whatever model is served)."""
+    from fastapi.responses import JSONResponse
+
+    @app.exception_handler(V2Error)
+    async def _v2_error(_request, exc: V2Error):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.get("/v2")
+    async def server_metadata():
+        return {"name": "pipeline-serve", "version": versions.get("pipeline", ""),
+                "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/health/live")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        return {"ready": True}
 
 
 def _split_body(body: bytes, header_len: str | None) -> tuple[V2Request, bytes]:

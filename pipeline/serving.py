@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import bundle_layout
 from .engines.base import Engine
 from .errors import ConfigError, MissingArtifact
 
-MODEL_PATHS = {"paddle-inference": "server/fp32/inference", "onnxruntime": "server/onnx/model.onnx",
-               "openvino": "server/onnx/model.onnx"}
+MODEL_PATHS = bundle_layout.SERVING_MODELS      # the name stages/system.py imports
 
 
 def serving_choice(infer_cfg: dict, override: str | None = None) -> tuple[str, dict]:

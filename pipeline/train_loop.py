@@ -15,6 +15,8 @@ import logging
 import math
 import resource
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -150,141 +152,231 @@ def _check_weights_finite(state: dict, epoch: int) -> None:
                              "nothing was checkpointed for this epoch", hint=NONFINITE_HINT)
 
 
+@dataclass
+class _Loop:
+    """The fixed parts of one training run, shared by its epochs (built once: DataParallel and AMP wrap once)."""
+    ctx: Any
+    task: Any
+    model: Any                  # the AMP-decorated model (fp16 weights under O2)
+    net: Any                    # DataParallel(model) across processes, else the model itself
+    opt: Any
+    sched: Any
+    scaler: Any
+    ds: Any
+    spec: Any
+    plan: Any
+    device: str
+    rank: int
+    nproc: int
+    per_rank: int
+    steps_per_epoch: int
+    val_x: np.ndarray
+    ckpt_dir: Any
+    key: str
+    loss_hook: Any = None
+
+
+@dataclass
+class _Progress:
+    """What a checkpoint carries across epochs and restarts: the history and the best epoch so far."""
+    start_epoch: int = 0
+    history: list = field(default_factory=list)
+    best: float = -math.inf
+    best_state: dict | None = None
+    best_bytes: bytes | None = None     # best_state serialised, kept while the best epoch is not the latest
+    best_epoch: int = 0
+
+
 def train_model(ctx, task, model, ds, spec, plan, device: str, loss_hook=None, epoch_hook=None):
     """Train; returns (best fp32 state_dict, per-epoch history, info). Checkpoints live in ctx.work_dir.
 
     loss_hook(loss, step) -> loss lets tests inject a non-finite loss; epoch_hook(record) runs on every rank
     after each epoch's checkpoint (make bench-train paces its rounds with it).
     """
-    import paddle
-
-    cfg, tr = ctx.cfg, ctx.cfg.train
-    from .layout import split_batch
-
-    rank, nproc = world()
-    n = len(ds.train.labels)
-    global_batch = tr.batch_size
-    per_rank = split_batch(global_batch, nproc)    # an uneven split is a ConfigError (checked before launch too)
-    steps_per_epoch = n // global_batch            # drop_last: equal-size batches, equal steps on every rank
-    opt, sched = build_optimizer(tr, model, steps_per_epoch)
-    model, opt = amp.decorate(model, opt, tr.amp, plan)          # O2 first, DataParallel after (Paddle's rule)
-    net = paddle.DataParallel(model) if nproc > 1 else model
-    scaler = amp.make_scaler(tr.amp, plan)
-    val_x = to_tensor(ds.val.images, spec)
-    ckpt_dir = ctx.work_dir / "checkpoint"
-    key = f"{ctx.fingerprint}-nproc{nproc}"           # a 2-process checkpoint is not a 1-process one
-    start_epoch, history, best, best_state, best_bytes, best_epoch = 0, [], -math.inf, None, None, 0
-
-    force = getattr(ctx, "force", False)
-    resumed = checkpoint.load(ckpt_dir, key) if tr.resume and not force else None
-    if force and tr.resume and checkpoint.current(ckpt_dir) is not None:
-        log.info("[train] FORCE: not resuming from %s, training from scratch", ckpt_dir)
-    if resumed:
-        states, meta = resumed
-        amp.load_state(model, states["model"])       # fp32 on disk; cast back to fp16 under O2
-        opt.set_state_dict(states["optimizer"])
-        sched.set_state_dict(states["scheduler"])
-        if scaler is not None and "scaler" in states:
-            scaler.load_state_dict(states["scaler"])
-        best_state, best_bytes = states["best"], None
-        start_epoch, history, best, best_epoch = meta["epoch"] + 1, meta["history"], meta["best"], meta["best_epoch"]
-        log.info("[train] resuming after epoch %d/%d from %s", start_epoch, tr.epochs, checkpoint.current(ckpt_dir))
-
-    vdl = open_visualdl(ctx.work_dir / "visualdl") if (tr.visualdl and rank == 0) else None
+    tr = ctx.cfg.train
+    lp = _make_loop(ctx, task, model, ds, spec, plan, device, loss_hook)
+    prog, resumed = _resume_state(lp)
+    vdl = open_visualdl(ctx.work_dir / "visualdl") if (tr.visualdl and lp.rank == 0) else None
     guard = NonFiniteGuard(tr.max_nonfinite_steps)
     if resumed:
-        guard.kept = f"the last good checkpoint (epoch {start_epoch}) is kept in {ckpt_dir}"
+        guard.kept = f"the last good checkpoint (epoch {prog.start_epoch}) is kept in {lp.ckpt_dir}"
     try:
-        for epoch in range(start_epoch, tr.epochs):
-            epoch_seed = cfg.seed * 1000 + epoch
-            # dropout etc. independent of where we resumed; each rank its own stream (rank 0's = one process's)
-            paddle.seed(epoch_seed + rank * 7_919_000)
-            order = np.random.default_rng(epoch_seed).permutation(n)
-            t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(sched.get_lr())
-            bar = tqdm(range(steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",
-                       disable=ctx.quiet or rank != 0, leave=False, unit="batch", dynamic_ncols=True)
-            for step in bar:
-                gstep = epoch * steps_per_epoch + step
-                start = step * global_batch + rank * per_rank   # this rank's share of the global batch
-                idx = order[start:start + per_rank]
-                x = paddle.to_tensor(to_tensor(ds.train.images[idx], spec))
-                y = paddle.to_tensor(ds.train.labels[idx])
-                with amp.autocast(tr.amp, plan):
-                    loss = task.loss(net(x), y)
-                if loss_hook is not None:
-                    loss = loss_hook(loss, gstep)
-                value = _global_loss(loss, nproc)     # the NaN guard needs the value: one small sync per step
-                if not guard.check(value, gstep):
-                    nonfinite += 1
-                    opt.clear_grad()
-                    continue
-                lr_used = float(sched.get_lr())
-                if scaler is not None:
-                    scaled = scaler.scale(loss)
-                    scaled.backward()
-                    scaler.minimize(opt, scaled)      # unscales, skips the update on inf/nan, updates the scale
-                    scaler_skipped += amp.step_skipped(scaler)
-                else:
-                    loss.backward()
-                    opt.step()
-                opt.clear_grad()
-                sched.step()
-                losses.append(value)
-                if not bar.disable and step % 10 == 0:
-                    bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}",
-                                    sps=f"{(step + 1) * global_batch / (time.perf_counter() - t0):.0f}", refresh=False)
-            bar.close()
-            seconds = time.perf_counter() - t0
-            _average_buffers(model, nproc)
-            outputs = predict(model, val_x, cast=lambda: amp.autocast(tr.amp, plan))
-            metric = task.metrics(outputs, ds.val.labels)[task.primary_metric]
-            rec = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
-                   task.primary_metric: metric, "lr": lr_used, "loss_scale": amp.loss_scale(scaler),
-                   "skipped_steps": nonfinite + scaler_skipped, "scaler_skipped_steps": scaler_skipped,
-                   "nonfinite_loss_steps": nonfinite,
-                   "samples_per_s": round(steps_per_epoch * global_batch / seconds, 1),
-                   "peak_memory_mb": round(peak_memory_mb(device), 1), "precision": plan.effective,
-                   "nproc": nproc, "seconds": round(seconds, 2)}
-            history.append(rec)
-            state = amp.fp32_state_dict(model)
-            _check_weights_finite(state, epoch + 1)
-            if metric is None or metric >= best:      # ties go to the later (longer-trained) epoch
-                best, best_state, best_bytes, best_epoch = metric, state, None, epoch + 1
-            if rank == 0:
-                log.info("[train] epoch %d/%d loss %.4f %s %s  %.0f samples/s%s", epoch + 1, tr.epochs, rec["loss"],
-                         task.primary_metric, "n/a" if metric is None else f"{metric:.4f}", rec["samples_per_s"],
-                         f"  skipped {rec['skipped_steps']}" if rec["skipped_steps"] else "")
-                if best_state is None or best_epoch == epoch + 1:
-                    best_part = checkpoint.SameAs("model")
-                else:
-                    if best_bytes is None:
-                        best_bytes = checkpoint.to_bytes(best_state)   # serialised once, reused every epoch
-                    best_part = best_bytes
-                parts = {"model": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                         "best": best_part}
-                if scaler is not None:
-                    parts["scaler"] = scaler.state_dict()
-                checkpoint.save(ckpt_dir, key, parts, {
-                    "epoch": epoch, "history": history, "best": best, "best_epoch": best_epoch,
-                    "epochs": tr.epochs, "nproc": nproc,
-                    # the RNG state at an epoch boundary is fully given by these seeds (re-seeded every epoch)
-                    "rng": {"paddle_seed": epoch_seed + 1, "permutation_seed": epoch_seed + 1}})
-                guard.kept = f"the last good checkpoint (epoch {epoch + 1}) is kept in {ckpt_dir}"
-                atomic_write_text(ctx.work_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-                if vdl is not None:
-                    for k in ("loss", task.primary_metric, "lr", "samples_per_s", "skipped_steps", "loss_scale"):
-                        if rec.get(k) is not None:
-                            vdl.add_scalar(tag=f"train/{k}", value=float(rec[k]), step=epoch + 1)
+        for epoch in range(prog.start_epoch, tr.epochs):
+            rec = _train_epoch(lp, prog, epoch, guard, vdl)
             if epoch_hook is not None:
                 epoch_hook(rec)
     finally:
         if vdl is not None:
             vdl.close()
-    if best_state is None:                      # resumed from a finished run's last checkpoint
-        best_state = amp.fp32_state_dict(model)
+    if prog.best_state is None:                 # resumed from a finished run's last checkpoint
+        prog.best_state = amp.fp32_state_dict(lp.model)
+    return prog.best_state, prog.history, _train_info(lp, prog, resumed)
+
+
+def _make_loop(ctx, task, model, ds, spec, plan, device: str, loss_hook) -> _Loop:
+    import paddle
+
+    from .layout import split_batch
+
+    tr = ctx.cfg.train
+    rank, nproc = world()
+    n = len(ds.train.labels)
+    per_rank = split_batch(tr.batch_size, nproc)    # an uneven split is a ConfigError (checked before launch too)
+    steps_per_epoch = n // tr.batch_size            # drop_last: equal-size batches, equal steps on every rank
+    opt, sched = build_optimizer(tr, model, steps_per_epoch)
+    model, opt = amp.decorate(model, opt, tr.amp, plan)          # O2 first, DataParallel after (Paddle's rule)
+    net = paddle.DataParallel(model) if nproc > 1 else model
+    scaler = amp.make_scaler(tr.amp, plan)
+    val_x = to_tensor(ds.val.images, spec)
+    key = f"{ctx.fingerprint}-nproc{nproc}"           # a 2-process checkpoint is not a 1-process one
+    return _Loop(ctx, task, model, net, opt, sched, scaler, ds, spec, plan, device, rank, nproc, per_rank,
+                 steps_per_epoch, val_x, ctx.work_dir / "checkpoint", key, loss_hook)
+
+
+def _resume_state(lp: _Loop) -> tuple[_Progress, bool]:
+    """The progress to continue from: the last checkpoint of this very run (same fingerprint and process
+    count) unless train.resume is off or the run is forced; a fresh start otherwise."""
+    tr, ckpt_dir = lp.ctx.cfg.train, lp.ckpt_dir
+    force = getattr(lp.ctx, "force", False)
+    resumed = checkpoint.load(ckpt_dir, lp.key) if tr.resume and not force else None
+    if force and tr.resume and checkpoint.current(ckpt_dir) is not None:
+        log.info("[train] FORCE: not resuming from %s, training from scratch", ckpt_dir)
+    if not resumed:
+        return _Progress(), False
+    states, meta = resumed
+    amp.load_state(lp.model, states["model"])       # fp32 on disk; cast back to fp16 under O2
+    lp.opt.set_state_dict(states["optimizer"])
+    lp.sched.set_state_dict(states["scheduler"])
+    if lp.scaler is not None and "scaler" in states:
+        lp.scaler.load_state_dict(states["scaler"])
+    prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
+    log.info("[train] resuming after epoch %d/%d from %s", prog.start_epoch, tr.epochs, checkpoint.current(ckpt_dir))
+    return prog, True
+
+
+def _train_epoch(lp: _Loop, prog: _Progress, epoch: int, guard: NonFiniteGuard, vdl) -> dict:
+    """One epoch: the steps, BN statistics agreed across ranks, validation, best-epoch bookkeeping, and (rank 0)
+    the checkpoint and telemetry. Returns the epoch's record."""
+    task = lp.task
+    epoch_seed = lp.ctx.cfg.seed * 1000 + epoch
+    steps = _run_epoch(lp, epoch, epoch_seed, guard)
+    _average_buffers(lp.model, lp.nproc)
+    rec, metric = _epoch_record(lp, epoch, steps)
+    prog.history.append(rec)
+    state = amp.fp32_state_dict(lp.model)
+    _check_weights_finite(state, epoch + 1)
+    if metric is None or metric >= prog.best:      # ties go to the later (longer-trained) epoch
+        prog.best, prog.best_state, prog.best_bytes, prog.best_epoch = metric, state, None, epoch + 1
+    if lp.rank == 0:
+        tr = lp.ctx.cfg.train
+        log.info("[train] epoch %d/%d loss %.4f %s %s  %.0f samples/s%s", epoch + 1, tr.epochs, rec["loss"],
+                 task.primary_metric, "n/a" if metric is None else f"{metric:.4f}", rec["samples_per_s"],
+                 f"  skipped {rec['skipped_steps']}" if rec["skipped_steps"] else "")
+        _save_checkpoint(lp, prog, state, epoch, epoch_seed)
+        guard.kept = f"the last good checkpoint (epoch {epoch + 1}) is kept in {lp.ckpt_dir}"
+        _write_telemetry(lp, prog, rec, vdl, epoch)
+    return rec
+
+
+def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) -> dict:
+    """The optimisation steps of one epoch; returns what the epoch record needs (losses, skips, lr, time)."""
+    import paddle
+
+    tr, ds, global_batch = lp.ctx.cfg.train, lp.ds, lp.ctx.cfg.train.batch_size
+    # dropout etc. independent of where we resumed; each rank its own stream (rank 0's = one process's)
+    paddle.seed(epoch_seed + lp.rank * 7_919_000)
+    order = np.random.default_rng(epoch_seed).permutation(len(ds.train.labels))
+    t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(lp.sched.get_lr())
+    bar = tqdm(range(lp.steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",
+               disable=lp.ctx.quiet or lp.rank != 0, leave=False, unit="batch", dynamic_ncols=True)
+    for step in bar:
+        gstep = epoch * lp.steps_per_epoch + step
+        start = step * global_batch + lp.rank * lp.per_rank   # this rank's share of the global batch
+        idx = order[start:start + lp.per_rank]
+        x = paddle.to_tensor(to_tensor(ds.train.images[idx], lp.spec))
+        y = paddle.to_tensor(ds.train.labels[idx])
+        with amp.autocast(tr.amp, lp.plan):
+            loss = lp.task.loss(lp.net(x), y)
+        if lp.loss_hook is not None:
+            loss = lp.loss_hook(loss, gstep)
+        value = _global_loss(loss, lp.nproc)     # the NaN guard needs the value: one small sync per step
+        if not guard.check(value, gstep):
+            nonfinite += 1
+            lp.opt.clear_grad()
+            continue
+        lr_used = float(lp.sched.get_lr())
+        scaler_skipped += _optimizer_step(lp, loss)
+        losses.append(value)
+        if not bar.disable and step % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}",
+                            sps=f"{(step + 1) * global_batch / (time.perf_counter() - t0):.0f}", refresh=False)
+    bar.close()
+    return {"seconds": time.perf_counter() - t0, "nonfinite": nonfinite, "scaler_skipped": scaler_skipped,
+            "losses": losses, "lr_used": lr_used}
+
+
+def _optimizer_step(lp: _Loop, loss) -> int:
+    """Backward and update; returns 1 when the AMP scaler skipped the update (inf/nan gradients), else 0."""
+    skipped = 0
+    if lp.scaler is not None:
+        scaled = lp.scaler.scale(loss)
+        scaled.backward()
+        lp.scaler.minimize(lp.opt, scaled)      # unscales, skips the update on inf/nan, updates the scale
+        skipped = amp.step_skipped(lp.scaler)
+    else:
+        loss.backward()
+        lp.opt.step()
+    lp.opt.clear_grad()
+    lp.sched.step()
+    return skipped
+
+
+def _epoch_record(lp: _Loop, epoch: int, steps: dict) -> tuple[dict, float | None]:
+    """Validate the epoch's weights and describe the epoch (the line of metrics.jsonl) -> (record, metric)."""
+    tr, task, seconds = lp.ctx.cfg.train, lp.task, steps["seconds"]
+    outputs = predict(lp.model, lp.val_x, cast=lambda: amp.autocast(tr.amp, lp.plan))
+    metric = task.metrics(outputs, lp.ds.val.labels)[task.primary_metric]
+    nonfinite, scaler_skipped, losses = steps["nonfinite"], steps["scaler_skipped"], steps["losses"]
+    return {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else float("nan"),
+            task.primary_metric: metric, "lr": steps["lr_used"], "loss_scale": amp.loss_scale(lp.scaler),
+            "skipped_steps": nonfinite + scaler_skipped, "scaler_skipped_steps": scaler_skipped,
+            "nonfinite_loss_steps": nonfinite,
+            "samples_per_s": round(lp.steps_per_epoch * tr.batch_size / seconds, 1),
+            "peak_memory_mb": round(peak_memory_mb(lp.device), 1), "precision": lp.plan.effective,
+            "nproc": lp.nproc, "seconds": round(seconds, 2)}, metric
+
+
+def _save_checkpoint(lp: _Loop, prog: _Progress, state: dict, epoch: int, epoch_seed: int) -> None:
+    tr = lp.ctx.cfg.train
+    if prog.best_state is None or prog.best_epoch == epoch + 1:
+        best_part = checkpoint.SameAs("model")
+    else:
+        if prog.best_bytes is None:
+            prog.best_bytes = checkpoint.to_bytes(prog.best_state)   # serialised once, reused every epoch
+        best_part = prog.best_bytes
+    parts = {"model": state, "optimizer": lp.opt.state_dict(), "scheduler": lp.sched.state_dict(),
+             "best": best_part}
+    if lp.scaler is not None:
+        parts["scaler"] = lp.scaler.state_dict()
+    checkpoint.save(lp.ckpt_dir, lp.key, parts, {
+        "epoch": epoch, "history": prog.history, "best": prog.best, "best_epoch": prog.best_epoch,
+        "epochs": tr.epochs, "nproc": lp.nproc,
+        # the RNG state at an epoch boundary is fully given by these seeds (re-seeded every epoch)
+        "rng": {"paddle_seed": epoch_seed + 1, "permutation_seed": epoch_seed + 1}})
+
+
+def _write_telemetry(lp: _Loop, prog: _Progress, rec: dict, vdl, epoch: int) -> None:
+    atomic_write_text(lp.ctx.work_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in prog.history))
+    if vdl is not None:
+        for k in ("loss", lp.task.primary_metric, "lr", "samples_per_s", "skipped_steps", "loss_scale"):
+            if rec.get(k) is not None:
+                vdl.add_scalar(tag=f"train/{k}", value=float(rec[k]), step=epoch + 1)
+
+
+def _train_info(lp: _Loop, prog: _Progress, resumed: bool) -> dict:
+    tr = lp.ctx.cfg.train
     peak, lr_how = effective_lr(tr)
-    info = {"resumed_after_epoch": start_epoch if resumed else None, "best_epoch": best_epoch,
-            "nproc": nproc, "global_batch": global_batch, "per_process_batch": per_rank,
+    return {"resumed_after_epoch": prog.start_epoch if resumed else None, "best_epoch": prog.best_epoch,
+            "nproc": lp.nproc, "global_batch": tr.batch_size, "per_process_batch": lp.per_rank,
             "lr": {"configured": tr.lr, "effective_peak": peak, "scaling": tr.lr_scaling, "how": lr_how},
-            "checkpoint": str(ckpt_dir)}
-    return best_state, history, info
+            "checkpoint": str(lp.ckpt_dir)}

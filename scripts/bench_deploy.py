@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 import pipeline  # noqa: E402,F401  (zlib + CPU tuning before paddle)
-from pipeline import env  # noqa: E402
+from pipeline import bundle_layout, env  # noqa: E402
 from pipeline.config import load_config, split_overrides  # noqa: E402
 from pipeline.engines.base import Engine  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
@@ -139,13 +139,13 @@ def bench_http(cfg, a, console, res: dict) -> None:
     from rich.table import Table
 
     root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else Path(pipeline.__file__).parent.parent / cfg.bundle.root
-    bundles = sorted((p for p in root.glob(f"{cfg.run.name}-*") if (p / "manifest.json").is_file()),
+    bundles = sorted((p for p in root.glob(f"{cfg.run.name}-*") if (p / bundle_layout.MANIFEST).is_file()),
                      key=lambda p: p.stat().st_mtime)
     if not bundles:
         console.print(f"[yellow]no bundle {root}/{cfg.run.name}-*: run `make deploy` first — HTTP bench skipped[/]")
         return
     bundle = bundles[-1]
-    with np.load(bundle / "samples" / "expected.npz") as z:
+    with np.load(bundle / bundle_layout.SAMPLES_EXPECTED) as z:
         files = list(z["files"])
     bodies = [(bundle / f).read_bytes() for f in files]
     ps, pb = http_load.free_port(), http_load.free_port()

@@ -12,12 +12,12 @@ import json
 import shutil
 import time
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import yaml
 
-from pipeline import env, signing
+from pipeline import bundle_layout, env, signing
 from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
 from pipeline.bundle import FORMAT_VERSION, publish, write_archive, write_sample_pngs
 from pipeline.config import ROOT
@@ -46,10 +46,10 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None, sam
 
 
 def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels: np.ndarray) -> list[str]:
-    names = write_sample_pngs(folder, images, "samples/{:03d}.png")
+    names = write_sample_pngs(folder, images, bundle_layout.SAMPLE_PNG)
     buf = io.BytesIO()
     np.savez(buf, outputs=outputs, labels=labels, files=np.array(names))
-    atomic_write_bytes(folder / "samples" / "expected.npz", buf.getvalue())
+    atomic_write_bytes(folder / bundle_layout.SAMPLES_EXPECTED, buf.getvalue())
     return names
 
 
@@ -76,71 +76,21 @@ def run(ctx: StageContext) -> StageResult:
     cfg = ctx.cfg
     export_dir, server_dir, lite_dir = ctx.input("export"), ctx.input("server"), ctx.input("lite")
     info = json.loads((export_dir / "info.json").read_text())
-    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg.run.name}-{version}"
-    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
+    version, name, root, sign_key = _destination(cfg)
     published = root / name
-    sign_key = Path(cfg.bundle.sign_key) if cfg.bundle.sign_key else None
-    if sign_key is not None and not sign_key.is_file():       # before anything is copied
-        raise ConfigError(f"bundle.sign_key {sign_key} not found",
-                          hint="pass an EC private key (PEM), or bundle.sign_key=null for an unsigned bundle")
-    if published.exists():
-        raise ConfigError(f"bundle {published} already exists; bundles are never overwritten",
-                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
     t0 = time.perf_counter()
     b = ctx.out_dir / name
-    models = {"fp32": "server/fp32/inference"}
-    _copy(export_dir / "inference.pdmodel", b / "server/fp32/inference.pdmodel")
-    _copy(export_dir / "inference.pdiparams", b / "server/fp32/inference.pdiparams")
-    for prec_dir in sorted((server_dir / "models").glob("*")) if (server_dir / "models").is_dir() else []:
-        for f in prec_dir.glob("*.pd*"):
-            _copy(f, b / "server" / prec_dir.name / f.name)
-        models[prec_dir.name] = f"server/{prec_dir.name}/model"
-    if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
-        _copy(server_dir / "onnx" / "model.onnx", b / "server/onnx/model.onnx")
-        models["onnx"] = "server/onnx/model.onnx"
+    models = _copy_models(b, export_dir, server_dir, lite_dir)
     serving = json.loads((server_dir / "serving.json").read_text()) if (server_dir / "serving.json").is_file() else None
-    for nb in sorted(lite_dir.glob("*.nb")):
-        _copy(nb, b / "mobile" / nb.name)
-        models[f"lite_{nb.stem}"] = f"mobile/{nb.name}"
 
     with np.load(export_dir / "reference.npz") as z:
         k = min(cfg.bundle.samples, len(z["labels"]))
         write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(infer_config(
+    atomic_write_text(b / bundle_layout.INFER_CONFIG, yaml.safe_dump(infer_config(
         info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol}), sort_keys=False))
+    files, public_key = _write_manifest(ctx, b, name, version, info, sign_key)
 
-    gates = [g for stage in STAGE.inputs for g in ctx.input_manifests[stage]["gates"]]      # every upstream gate
-    precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in STAGE.inputs}
-    versions = env.versions()
-    files = describe_files(b)
-    atomic_write_text(b / "MODEL_CARD.md", model_card(name, info, gates, versions, files))
-    files = describe_files(b)
-    manifest = {
-        "format_version": FORMAT_VERSION, "name": name, "version": version,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "task": info["task"], "files": files, "versions": versions, "git_commit": env.git_commit(),
-        "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
-        # produced but never executed here: verify cannot check these either, so say what vouches for them
-        "unverified": {f"mobile/{g['extra']['file']}": g["reason"] for g in gates
-                       if g["status"] == "UNVERIFIED" and (g.get("extra") or {}).get("file")},
-        "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
-    }
-    if sign_key is not None:
-        manifest["signature"] = {"format": signing.FORMAT, "file": signing.SIGNATURE}
-    write_json(b / "manifest.json", manifest)
-    public_key = None
-    if sign_key is not None:                              # signs every file, manifest.json included
-        signing.sign(b, sign_key)
-        public_key = ctx.work_dir / "sign_key.pub.pem"    # the stage checks its own signature like a user would
-        atomic_write_bytes(public_key, signing.public_key_pem(sign_key))
-
-    from pipeline.verify import verify_bundle            # signature, hashes, then real runs on the samples
-    report = verify_bundle(b, timeout=cfg.lite.timeout, key=public_key)
-    gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
-                checks=[Check(**c) for c in report["checks"]])
-    gate.status = OK if all(c.passed for c in gate.checks) else "FAIL"
-    gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
+    gate = _self_verify(cfg, b, public_key)
     if cfg.bundle.archive:
         write_archive(b, ctx.out_dir / f"{name}.tar.gz")
     gate.seconds = round(time.perf_counter() - t0, 2)
@@ -151,6 +101,89 @@ def run(ctx: StageContext) -> StageResult:
                                 "signed": sign_key is not None},
                        info={"bundle": str(published), "archive": str(published) + ".tar.gz" if cfg.bundle.archive
                              else None, "name": name})
+
+
+def _destination(cfg) -> tuple[str, str, Path, Path | None]:
+    """(version, name, bundle.root, signing key), refused before anything is copied: a missing key or an
+    existing bundle of that name would otherwise be found only after the work."""
+    version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    name = f"{cfg.run.name}-{version}"
+    root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
+    published = root / name
+    sign_key = Path(cfg.bundle.sign_key) if cfg.bundle.sign_key else None
+    if sign_key is not None and not sign_key.is_file():
+        raise ConfigError(f"bundle.sign_key {sign_key} not found",
+                          hint="pass an EC private key (PEM), or bundle.sign_key=null for an unsigned bundle")
+    if published.exists():
+        raise ConfigError(f"bundle {published} already exists; bundles are never overwritten",
+                          hint="set bundle.version to a new value (or leave it null for a timestamp)")
+    return version, name, root, sign_key
+
+
+def _mobile_path(nb_name: str) -> str:
+    """The bundle path of a lite stage .nb (named <target>_<precision>.nb there)."""
+    target, precision = Path(nb_name).stem.split("_", 1)
+    return bundle_layout.mobile_nb(target, precision)
+
+
+def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path) -> dict:
+    """Copy every model file into the bundle layout -> infer_config's `models` (name -> bundle path)."""
+    fp32 = bundle_layout.FP32_PREFIX
+    models = {"fp32": fp32}
+    _copy(export_dir / "inference.pdmodel", b / f"{fp32}.pdmodel")
+    _copy(export_dir / "inference.pdiparams", b / f"{fp32}.pdiparams")
+    for prec_dir in sorted((server_dir / "models").glob("*")) if (server_dir / "models").is_dir() else []:
+        prefix = bundle_layout.server_prefix(prec_dir.name)
+        for f in prec_dir.glob("*.pd*"):
+            _copy(f, b / PurePosixPath(prefix).parent / f.name)
+        models[prec_dir.name] = prefix
+    if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
+        _copy(server_dir / "onnx" / "model.onnx", b / bundle_layout.ONNX_MODEL)
+        models["onnx"] = bundle_layout.ONNX_MODEL
+    for nb in sorted(lite_dir.glob("*.nb")):
+        _copy(nb, b / _mobile_path(nb.name))
+        models[f"lite_{nb.stem}"] = _mobile_path(nb.name)
+    return models
+
+
+def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key: Path | None):
+    """MODEL_CARD.md, then manifest.json (hashes of everything else), then the signature -> (files, public key)."""
+    cfg = ctx.cfg
+    gates = [g for stage in STAGE.inputs for g in ctx.input_manifests[stage]["gates"]]      # every upstream gate
+    precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in STAGE.inputs}
+    versions = env.versions()
+    files = describe_files(b)
+    atomic_write_text(b / bundle_layout.MODEL_CARD, model_card(name, info, gates, versions, files))
+    files = describe_files(b)
+    manifest = {
+        "format_version": FORMAT_VERSION, "name": name, "version": version,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "task": info["task"], "files": files, "versions": versions, "git_commit": env.git_commit(),
+        "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
+        # produced but never executed here: verify cannot check these either, so say what vouches for them
+        "unverified": {_mobile_path(g["extra"]["file"]): g["reason"] for g in gates
+                       if g["status"] == "UNVERIFIED" and (g.get("extra") or {}).get("file")},
+        "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
+    }
+    if sign_key is not None:
+        manifest["signature"] = {"format": signing.FORMAT, "file": signing.SIGNATURE}
+    write_json(b / bundle_layout.MANIFEST, manifest)
+    public_key = None
+    if sign_key is not None:                              # signs every file, manifest.json included
+        signing.sign(b, sign_key)
+        public_key = ctx.work_dir / "sign_key.pub.pem"    # the stage checks its own signature like a user would
+        atomic_write_bytes(public_key, signing.public_key_pem(sign_key))
+    return files, public_key
+
+
+def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
+    from pipeline.verify import verify_bundle            # signature, hashes, then real runs on the samples
+    report = verify_bundle(b, timeout=cfg.lite.timeout, key=public_key)
+    gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
+                checks=[Check(**c) for c in report["checks"]])
+    gate.status = OK if all(c.passed for c in gate.checks) else "FAIL"
+    gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
+    return gate
 
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import numpy as np
 
-from pipeline import ocr
+from pipeline import bundle_layout, ocr
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.capabilities import host_arch
-from pipeline.gates import FAIL, OK, Gate, crashed, evaluate_tol, skipped, unverified
+from pipeline.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped, unverified
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -54,82 +56,115 @@ def _voucher(ctx, precision: str) -> str:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from pipeline.engines import lite
     from pipeline.engines.program_repair import list_ops
 
     lc = ctx.cfg.lite
     exp = ctx.input("export")
     ref = load_reference(exp)
-    info, task, x, labels, ref_out, ref_metric = ref.info, ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
     ops = list_ops(exp / "inference.pdmodel")
-    gates, files, sizes, repairs = [], {}, {}, set()
-
-    def convert_row(target: str, precision: str) -> Gate | None:
-        subject = f"lite {target} {precision}"
-        if precision == "int8" and not _int8_gate_passed(ctx):
-            return skipped("lite", subject, precision, task.primary_metric,
-                           "no INT8 model that passed its Paddle Inference gate (server int8 row)")
-        src = _source(ctx, precision)
-        if src is None:
-            return skipped("lite", subject, precision, task.primary_metric, "server stage made no INT8 model")
-        missing = lite.unsupported_ops(ops, target)
-        if missing:
-            return Gate("lite", subject, precision, "none", task.primary_metric, status=FAIL,
-                        reason=f"ops not supported by Lite on {target}: {', '.join(missing)}")
-        t0 = time.perf_counter()
-        try:
-            res = lite.convert(src[0], src[1], ctx.out_dir / f"{target}_{precision}", target=target,
-                               precision=precision, timeout=lc.timeout)
-        except lite.Unsupported as exc:
-            return skipped("lite", subject, precision, task.primary_metric, exc.message)
-        except Exception as exc:   # FAIL row with evidence; the other rows still run
-            return crashed("lite", subject, precision, task.primary_metric, exc, ctx.out_dir / "evidence")
-        sizes[(target, precision)] = res.size_bytes
-        repairs.update(n for n in res.notes if n.startswith("repaired: "))
-        files[res.path.name] = {"bytes": res.size_bytes, "precision_effective": res.precision_effective,
-                                "notes": res.notes}
-        g = Gate("lite", subject, precision, res.precision_effective, task.primary_metric,
-                 seconds=round(time.perf_counter() - t0, 2),
-                 extra={"file": res.path.name, "bytes": res.size_bytes, "notes": res.notes})
-        if not lite.fp32_nb_runs_correctly_here(target, res.precision_effective):
-            why = (f"no {target} device here" if target != host_arch()
-                   else f"a {res.precision_effective} .nb gives wrong numbers on this host")
-            unverified(g, why, _voucher(ctx, res.precision_effective))
-        return g
-
+    made = _Made()
+    gates = []
     for precision in lc.arm:
         log.info("[lite] arm %s", precision)
-        gates.append(convert_row("arm", precision))
+        gates.append(_convert_row(ctx, ref.task, ops, "arm", precision, made))
 
     if lc.verify_x86:
         log.info("[lite] x86 fp32 (run and gated)")
-        g = convert_row("x86", "fp32")
+        g = _convert_row(ctx, ref.task, ops, "x86", "fp32", made)
         if g.status == OK:
-            try:
-                eng = lite.LiteEngine(ctx.out_dir / "x86_fp32.nb", info["input_shape"], timeout=lc.timeout)
-                out = eng.run(x)
-                value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
-                g.reference = ref_metric
-                evaluate_tol(g, out, ref_out, lc.gate, value, task, key="lite.gate")
-                g.reason = "executed on the validation slice"
-            except Exception as exc:
-                g = crashed("lite", g.subject, "fp32", task.primary_metric, exc, ctx.out_dir / "evidence")
+            converted = g
+            g = run_row("lite", converted.subject, "fp32", ref.task.primary_metric,
+                        lambda: _run_x86(ctx, ref, converted), ctx.out_dir / "evidence")
         gates.append(g)
 
-    fp32 = sizes.get(("arm", "fp32"))
-    for g in gates:
-        if "bytes" in g.extra:
-            size = f"{g.extra['bytes'] / 1024:.0f} KiB"
-            if fp32:
-                g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / fp32, 3)
-                size += f", {g.extra['size_ratio_vs_fp32']:.2f}× arm fp32"
-            g.reason = f"{g.reason}; {size}" if g.reason else size
+    _note_sizes(gates, made.sizes.get(("arm", "fp32")))
     # what program_repair restored (attributes/outputs jit.save dropped), once per op across all .nb files
-    restored = sorted(r[len("repaired: "):] for r in repairs)
-    write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": files, "restored_for_lite": restored})
+    restored = sorted(r[len("repaired: "):] for r in made.repairs)
+    write_json(ctx.out_dir / "lite.json", {"ops": ops, "files": made.files, "restored_for_lite": restored})
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics={g.subject: g.extra.get("bytes") for g in gates},
                        info={"ops": ops, "restored_for_lite": restored})
+
+
+@dataclass
+class _Made:
+    """What the conversions produced, for lite.json and the size notes."""
+    files: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)      # (target, precision) -> bytes
+    repairs: set = field(default_factory=set)
+
+
+def _nb_stem(target: str, precision: str) -> str:
+    # the stage's .nb is named as in the bundle (mobile/<target>_<precision>.nb): bundle copies it as is
+    return PurePosixPath(bundle_layout.mobile_nb(target, precision)).stem
+
+
+def _convert_row(ctx, task, ops: list, target: str, precision: str, made: _Made) -> Gate:
+    subject = f"lite {target} {precision}"
+    return run_row("lite", subject, precision, task.primary_metric,
+                   lambda: _convert(ctx, task, ops, target, precision, made), ctx.out_dir / "evidence")
+
+
+def _convert(ctx, task, ops: list, target: str, precision: str, made: _Made) -> Gate:
+    """One opt conversion row: SKIPPED when there is nothing (passing) to convert or opt cannot do it,
+    FAIL on unsupported ops, else OK for a .nb executed later on this host, UNVERIFIED for the others."""
+    from pipeline.engines import lite
+
+    subject = f"lite {target} {precision}"
+    if precision == "int8" and not _int8_gate_passed(ctx):
+        return skipped("lite", subject, precision, task.primary_metric,
+                       "no INT8 model that passed its Paddle Inference gate (server int8 row)")
+    src = _source(ctx, precision)
+    if src is None:
+        return skipped("lite", subject, precision, task.primary_metric, "server stage made no INT8 model")
+    missing = lite.unsupported_ops(ops, target)
+    if missing:
+        return Gate("lite", subject, precision, "none", task.primary_metric, status=FAIL,
+                    reason=f"ops not supported by Lite on {target}: {', '.join(missing)}")
+    t0 = time.perf_counter()
+    try:
+        res = lite.convert(src[0], src[1], ctx.out_dir / _nb_stem(target, precision), target=target,
+                           precision=precision, timeout=ctx.cfg.lite.timeout)
+    except lite.Unsupported as exc:
+        return skipped("lite", subject, precision, task.primary_metric, exc.message)
+    made.sizes[(target, precision)] = res.size_bytes
+    made.repairs.update(n for n in res.notes if n.startswith("repaired: "))
+    made.files[res.path.name] = {"bytes": res.size_bytes, "precision_effective": res.precision_effective,
+                                 "notes": res.notes}
+    g = Gate("lite", subject, precision, res.precision_effective, task.primary_metric,
+             seconds=round(time.perf_counter() - t0, 2),
+             extra={"file": res.path.name, "bytes": res.size_bytes, "notes": res.notes})
+    if not lite.fp32_nb_runs_correctly_here(target, res.precision_effective):
+        why = (f"no {target} device here" if target != host_arch()
+               else f"a {res.precision_effective} .nb gives wrong numbers on this host")
+        unverified(g, why, _voucher(ctx, res.precision_effective))
+    return g
+
+
+def _run_x86(ctx, ref, g: Gate) -> Gate:
+    """Run the converted x86 fp32 .nb on the validation slice and gate it against the export."""
+    from pipeline.engines import lite
+
+    lc, task = ctx.cfg.lite, ref.task
+    eng = lite.LiteEngine(ctx.out_dir / (_nb_stem("x86", "fp32") + ".nb"), ref.info["input_shape"], timeout=lc.timeout)
+    out = eng.run(ref.inputs)
+    value = task.metrics(out, ref.labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
+    g.reference = ref.metric
+    evaluate_tol(g, out, ref.outputs, lc.gate, value, task, key="lite.gate")
+    if g.status == OK:        # a FAIL keeps the failure evaluate_tol wrote
+        g.reason = "executed on the validation slice"
+    return g
+
+
+def _note_sizes(gates: list[Gate], arm_fp32_bytes: int | None) -> None:
+    """Each converted row's reason ends with its size (and its ratio to the arm fp32 .nb)."""
+    for g in gates:
+        if "bytes" in g.extra:
+            size = f"{g.extra['bytes'] / 1024:.0f} KiB"
+            if arm_fp32_bytes:
+                g.extra["size_ratio_vs_fp32"] = round(g.extra["bytes"] / arm_fp32_bytes, 3)
+                size += f", {g.extra['size_ratio_vs_fp32']:.2f}× arm fp32"
+            g.reason = f"{g.reason}; {size}" if g.reason else size
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,

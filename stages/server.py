@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from pipeline import env, ocr
+from pipeline import bundle_layout, env, ocr
 from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
-from pipeline.gates import FAIL, OK, Gate, crashed, evaluate_tol, skipped
+from pipeline.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -77,60 +77,19 @@ def _device(cfg) -> str:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from pipeline.engines import paddle_infer as pi
-    from pipeline.engines import perf
-
     cfg, sc = ctx.cfg, ctx.cfg.server
     ref = load_reference(ctx.input("export"))
-    task, x, labels, ref_out, ref_metric = ref.task, ref.inputs, ref.labels, ref.outputs, ref.metric
-    prefix = ref.model_prefix
+    x, prefix = ref.inputs, ref.model_prefix
     with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
     ctx.batches = batch_sizes(cfg, prefix, x)
     log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
     device, threads = _device(cfg), _threads(cfg)
-    common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
-    gates: list[Gate] = []
     info_out: dict = {"device": device, "threads": threads, "batch_sizes": ctx.batches}
     tuning: dict = {}
     served: dict = {}       # engine kind -> tuned fp32 engine, candidates for serving
 
-    for prec in sc.precisions:
-        tol = sc.gates[prec]
-        log.info("[server] %s row", prec)
-        try:
-            if prec == "fp32":
-                if device == "cpu":   # threads and instances per batch profile, chosen by measurement
-                    eng, tuning["paddle-inference"] = _tune(
-                        ctx, "paddle-inference", prefix, x, mkldnn=sc.mkldnn,
-                        variants=[{"ir_optim": v} for v in dict.fromkeys(sc.tuning.paddle_ir_optim)])
-                else:
-                    eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
-                gates.append(_row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, tol, "fp32"))
-                served["paddle-inference"] = eng
-            elif prec == "fp16":
-                if device == "gpu":
-                    out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model")
-                    eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, **common)
-                else:   # not deployable: an accuracy preview of fp16 rounding, kept out of models/
-                    emu = ctx.work_dir / "fp16_emulated" / "model"
-                    emu_info = pi.make_fp16_emulated(prefix, emu, "fp16")
-                    eng = pi.InferenceEngine(emu, "fp16", **common)
-                    info_out["fp16_emulation"] = emu_info
-                gates.append(_row(ctx, task, "fp16", eng, x, ref_out, labels, ref_metric, tol, "fp16"))
-            elif prec == "bf16":
-                ok, why = pi.bf16_status()
-                if not ok:
-                    gates.append(skipped("server", "paddle-inference bf16", "bf16", task.primary_metric, why))
-                    continue
-                eng = pi.InferenceEngine(prefix, "bf16", **common)
-                gates.append(_row(ctx, task, "bf16", eng, x, ref_out, labels, ref_metric, tol, "bf16"))
-            elif prec == "int8":
-                gates.append(_int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common))
-        except Exception as exc:   # any engine error is this row's FAIL (with evidence); other rows still run
-            gates.append(crashed("server", f"paddle-inference {prec}", prec, task.primary_metric, exc,
-                                 ctx.out_dir / "evidence"))
-
+    gates = _paddle_rows(ctx, ref, calib, device, threads, info_out, tuning, served)
     if device == "cpu":
         gates += _onnx_rows(ctx, ref, calib, served, tuning)
     passing = {g.subject.rsplit(" ", 1)[0] for g in gates if g.status == OK and g.precision_effective == "fp32"}
@@ -143,6 +102,68 @@ def run(ctx: StageContext) -> StageResult:
         rec = candidates.get(serving["engine"]) if serving else None
         gates.append(_http_row(ctx, ref, threads, rec))
 
+    _write_perf(ctx, gates, prefix, threads, info_out)
+    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
+                       metrics={g.subject: g.value for g in gates}, info=info_out)
+
+
+def _paddle_rows(ctx, ref, calib, device: str, threads: int, info_out: dict, tuning: dict, served: dict) -> list[Gate]:
+    """One Paddle Inference row per server.precisions entry, in that order."""
+    sc, task = ctx.cfg.server, ref.task
+    common = dict(threads=threads, mkldnn=sc.mkldnn, ir_optim=sc.ir_optim)
+    gates: list[Gate] = []
+    for prec in sc.precisions:
+        tol = sc.gates[prec]
+        log.info("[server] %s row", prec)
+        gate = run_row("server", f"paddle-inference {prec}", prec, task.primary_metric,
+                       lambda: _paddle_row(ctx, ref, prec, tol, calib, device, common, info_out, tuning, served),
+                       ctx.out_dir / "evidence")
+        if gate is not None:        # a precision Paddle Inference has no row for adds none
+            gates.append(gate)
+    return gates
+
+
+def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info_out: dict, tuning: dict,
+                served: dict) -> Gate | None:
+    from pipeline.engines import paddle_infer as pi
+
+    sc, task, prefix = ctx.cfg.server, ref.task, ref.model_prefix
+    x, ref_out, labels, ref_metric = ref.inputs, ref.outputs, ref.labels, ref.metric
+    args = (x, ref_out, labels, ref_metric, tol)
+    if prec == "fp32":
+        if device == "cpu":   # threads and instances per batch profile, chosen by measurement
+            eng, tuning["paddle-inference"] = _tune(
+                ctx, "paddle-inference", prefix, x, mkldnn=sc.mkldnn,
+                variants=[{"ir_optim": v} for v in dict.fromkeys(sc.tuning.paddle_ir_optim)])
+        else:
+            eng = pi.InferenceEngine(prefix, "fp32", device=device, **common)
+        gate = _row(ctx, task, "fp32", eng, *args, "fp32")
+        served["paddle-inference"] = eng
+        return gate
+    if prec == "fp16":
+        if device == "gpu":
+            out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model")
+            eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, **common)
+        else:   # not deployable: an accuracy preview of fp16 rounding, kept out of models/
+            emu = ctx.work_dir / "fp16_emulated" / "model"
+            emu_info = pi.make_fp16_emulated(prefix, emu, "fp16")
+            eng = pi.InferenceEngine(emu, "fp16", **common)
+            info_out["fp16_emulation"] = emu_info
+        return _row(ctx, task, "fp16", eng, *args, "fp16")
+    if prec == "bf16":
+        ok, why = pi.bf16_status()
+        if not ok:
+            return skipped("server", "paddle-inference bf16", "bf16", task.primary_metric, why)
+        return _row(ctx, task, "bf16", pi.InferenceEngine(prefix, "bf16", **common), *args, "bf16")
+    if prec == "int8":
+        return _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common)
+    return None
+
+
+def _write_perf(ctx, gates: list[Gate], prefix, threads: int, info_out: dict) -> None:
+    """Achieved GFLOP/s per row against the measured matmul peak, then perf.json."""
+    from pipeline.engines import perf
+
     peak = perf.matmul_peak_gflops(threads=threads)
     macs = perf.program_macs(prefix, batch=1)
     for g in gates:
@@ -153,8 +174,6 @@ def run(ctx: StageContext) -> StageResult:
     info_out.update({"macs_per_sample": macs, "matmul_peak_gflops": round(peak, 1)})
     write_json(ctx.out_dir / "perf.json", {"peak_gflops": peak, "macs": macs,
                                            "rows": {g.subject: g.extra for g in gates}})
-    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
-                       metrics={g.subject: g.value for g in gates}, info=info_out)
 
 
 def _tune(ctx, kind: str, model, x, **paddle_opts):
@@ -194,7 +213,7 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
                          reason=why + " (server.onnx.required=true)") for k in kinds]
         return [skipped("server", f"{k} fp32", "fp32", task.primary_metric, why + " (set server.onnx.required=true "
                         "to fail instead)") for k in kinds]
-    gates = []
+    gates, evidence_dir = [], ctx.out_dir / "evidence"
     opset = onnx_opset(onnx_file)
     for kind in kinds:
         ok, why = registry.available(kind)
@@ -202,24 +221,17 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
             gates.append(skipped("server", f"{kind} fp32", "fp32", task.primary_metric, why))
             continue
         log.info("[server] %s fp32 row", kind)
-        gates.append(_guarded(task, f"{kind} fp32", "fp32", lambda: _tuned_row(ctx, task, kind, onnx_file, args,
-                                                                              served, tuning)))
+        gates.append(run_row("server", f"{kind} fp32", "fp32", task.primary_metric,
+                             lambda: _tuned_row(ctx, task, kind, onnx_file, args, served, tuning), evidence_dir))
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
-            gates.append(_guarded(task, f"{kind} int8", "int8",
-                                  lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args)))
+            gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
+                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args), evidence_dir))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
     for g in gates:
         g.extra["onnx_opset"] = opset
     return gates
-
-
-def _guarded(task, subject: str, prec: str, fn) -> Gate:
-    try:
-        return fn()
-    except Exception as exc:       # any engine error is this row's FAIL; the other rows still run
-        return crashed("server", subject, prec, task.primary_metric, exc)
 
 
 def _tuned_row(ctx, task, kind, onnx_file, args, served, tuning) -> Gate:
@@ -261,9 +273,9 @@ def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
         if not ok:
             rows.append(skipped("server", subject, "fp32", task.primary_metric, why))
             continue
-        rows.append(_guarded(task, subject, "fp32", lambda: _row(
+        rows.append(run_row("server", subject, "fp32", task.primary_metric, lambda: _row(
             ctx, task, f"{p} fp32", OrtEngine(onnx_file, provider=p), x, ref_out, labels, ref_metric,
-            ctx.cfg.server.gates["fp32"], "fp32")))
+            ctx.cfg.server.gates["fp32"], "fp32"), ctx.out_dir / "evidence"))
     return rows
 
 
@@ -276,7 +288,7 @@ def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
                          repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
     key = (lambda r: r["latency_ms"]["p50"]) if sc.recommend.by == "latency" else (lambda r: -r["throughput_sps"])
     best = min(rows, key=key)
-    model = {"paddle-inference": "server/fp32/inference"}.get(best["engine"], "server/onnx/model.onnx")
+    model = bundle_layout.SERVING_MODELS.get(best["engine"], bundle_layout.ONNX_MODEL)
     log.info("[server] recommended engine: %s (batch-1 p50 %.3f ms, %.0f samples/s at batch %d; ranked by %s)",
              best["engine"], best["latency_ms"]["p50"], best["throughput_sps"], ctx.batches["perf"], sc.recommend.by)
     return {"engine": best["engine"], "precision": "fp32", "model": model, "by": sc.recommend.by,
@@ -286,18 +298,20 @@ def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
 
 def _http_row(ctx, ref, threads, engine=None) -> Gate:
     """The HTTP service users will run, started on a free local port and gated like an engine."""
+    subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
+    return run_row("server", subject, "fp32", ref.task.primary_metric,
+                   lambda: _http_gate_row(ctx, ref, threads, engine, subject), ctx.out_dir / "evidence")
+
+
+def _http_gate_row(ctx, ref, threads, engine, subject: str) -> Gate:
     from pipeline.serve import http_gate
 
     sc, task, info, labels, ref_out = ctx.cfg.server, ref.task, ref.info, ref.labels, ref.outputs
-    subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
     t0 = time.perf_counter()
-    try:
-        infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
-                     "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
-        res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
-                        threads=threads, engine=engine)
-    except Exception as exc:
-        return crashed("server", subject, "fp32", task.primary_metric, exc, ctx.out_dir / "evidence")
+    infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
+                 "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
+    res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
+                    threads=threads, engine=engine)
     n = res["n"]
     gate = Gate("server", subject, "fp32", "fp32", task.primary_metric,
                 reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])

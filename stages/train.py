@@ -161,10 +161,10 @@ def _bn_diagnosis(cfg, task, model, x: np.ndarray, labels: np.ndarray, gate: Gat
 
 
 def run(ctx: StageContext) -> StageResult:
-    import paddle
+    import paddle  # noqa: F401  (loaded before the model code, as the stage always did)
 
     from pipeline.distributed import world
-    from pipeline.train_loop import predict, require_visualdl, train_model
+    from pipeline.train_loop import require_visualdl, train_model
 
     cfg = ctx.cfg
     if cfg.model.source == "inference":
@@ -174,55 +174,24 @@ def run(ctx: StageContext) -> StageResult:
     task = get_task(cfg.task, cfg.section("detection")["detection"])
     seed_everything(cfg.seed)
     device = pick_device(cfg.train.device)
-    rank, nproc = world()
+    _, nproc = world()
     ds = task.load_data(cfg.section("data")["data"], cfg.seed)
     check_data(cfg, ds)
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
-    model, pretrained = imported.build(task, cfg.section("model")["model"], ds.info)
-    first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
-    shape = output_shape(model, first, task, cfg.model.name)
-    if hasattr(task, "check_output_shape"):
-        task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
-    _note_output_kind(task, model, first)
-    initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    before = _pretrained_metrics(task, model, ds, spec) if pretrained else {}
-    classes = shape[-1]
-    if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
-        check_labels(classes, ds.train.labels, "training set")
-        check_labels(classes, ds.val.labels, "validation set")
+    model, pretrained, first, initial, before = _checked_model(cfg, task, ds, spec)
     plan = amp.plan(cfg.train.amp, device, env.capabilities())
     plan, precheck_diff = precheck_amp(cfg, model, plan, first)
 
     best_state, history, train_info = train_model(ctx, task, model, ds, spec, plan, device)
     moved = check_weights_moved(model, initial, best_state, cfg.train.lr)
-    # the reference outputs come from a plain fp32 model holding the exported weights (not the O2 model)
-    model, _ = imported.build(task, cfg.section("model")["model"], ds.info, load_pretrained=False)
-    amp.load_state(model, best_state)
-    bn_info = None
-    if cfg.train.bn_recalibrate:       # before the reference outputs: every later stage sees these statistics
-        from pipeline import bn
-        n = min(len(ds.train.labels), cfg.train.batch_size * bn.RECALIBRATE_BATCHES)
-        bn_info = bn.recalibrate(model, to_tensor(ds.train.images[:n], spec), cfg.train.batch_size)
-        best_state = amp.fp32_state_dict(model)
-        log.info("[train] BatchNorm statistics re-estimated: %d layers, %d batches", bn_info["layers"],
-                 bn_info["batches"])
+    model, best_state, bn_info = _reference_model(cfg, task, ds, spec, best_state)
 
     val_x, val_out, val_metrics, k = write_reference(ctx, task, model, ds, spec)
     atomic_write_bytes(ctx.out_dir / "model.pdparams", checkpoint.stable_state_bytes(best_state))
     write_info(ctx, task, ds, spec)
     atomic_write_text(ctx.out_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
 
-    metric = task.primary_metric
-    value = val_metrics[metric]
-    gate = metric_gate(cfg, "dygraph validation", metric, value, plan.requested, plan.effective)
-    if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
-        gate.reason = plan.reason
-    if gate.status == FAIL and value is not None:
-        diagnosis = _bn_diagnosis(cfg, task, model, val_x, ds.val.labels, gate)
-        gate.reason = "; ".join(filter(None, [gate.checks[0].describe(), diagnosis, gate.reason]))
-    gate.seconds = sum(h["seconds"] for h in history)
-    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
-    gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
+    gate = _validation_gate(cfg, task, model, val_x, ds, plan, val_metrics[task.primary_metric], history)
     return StageResult(
         gates=[gate],
         precision={**plan.as_record(), "device": device, "amp_precheck_max_abs_diff": precheck_diff},
@@ -237,6 +206,54 @@ def run(ctx: StageContext) -> StageResult:
               "per_process_batch": train_info["per_process_batch"], "lr": train_info["lr"],
               "resumed_after_epoch": train_info["resumed_after_epoch"], "checkpoint": train_info["checkpoint"]},
     )
+
+
+def _checked_model(cfg, task, ds, spec):
+    """The model to train, checked against the data before any training time is spent ->
+    (model, pretrained, first batch, initial weights, pretrained metrics)."""
+    model, pretrained = imported.build(task, cfg.section("model")["model"], ds.info)
+    first = to_tensor(ds.train.images[:cfg.train.batch_size], spec)
+    shape = output_shape(model, first, task, cfg.model.name)
+    if hasattr(task, "check_output_shape"):
+        task.check_output_shape(shape, ds.info)          # e.g. CTC time steps from the model itself
+    _note_output_kind(task, model, first)
+    initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    before = _pretrained_metrics(task, model, ds, spec) if pretrained else {}
+    classes = shape[-1]
+    if getattr(task, "labels_are_classes", True):     # detection labels are quads, not class ids
+        check_labels(classes, ds.train.labels, "training set")
+        check_labels(classes, ds.val.labels, "validation set")
+    return model, pretrained, first, initial, before
+
+
+def _reference_model(cfg, task, ds, spec, best_state):
+    """-> (plain fp32 model with the best weights, its state, BN recalibration info or None)."""
+    # the reference outputs come from a plain fp32 model holding the exported weights (not the O2 model)
+    model, _ = imported.build(task, cfg.section("model")["model"], ds.info, load_pretrained=False)
+    amp.load_state(model, best_state)
+    bn_info = None
+    if cfg.train.bn_recalibrate:       # before the reference outputs: every later stage sees these statistics
+        from pipeline import bn
+        n = min(len(ds.train.labels), cfg.train.batch_size * bn.RECALIBRATE_BATCHES)
+        bn_info = bn.recalibrate(model, to_tensor(ds.train.images[:n], spec), cfg.train.batch_size)
+        best_state = amp.fp32_state_dict(model)
+        log.info("[train] BatchNorm statistics re-estimated: %d layers, %d batches", bn_info["layers"],
+                 bn_info["batches"])
+    return model, best_state, bn_info
+
+
+def _validation_gate(cfg, task, model, val_x, ds, plan, value, history) -> Gate:
+    metric = task.primary_metric
+    gate = metric_gate(cfg, "dygraph validation", metric, value, plan.requested, plan.effective)
+    if plan.differs:        # the summary prints the reason as a note: requested vs what really ran
+        gate.reason = plan.reason
+    if gate.status == FAIL and value is not None:
+        diagnosis = _bn_diagnosis(cfg, task, model, val_x, ds.val.labels, gate)
+        gate.reason = "; ".join(filter(None, [gate.checks[0].describe(), diagnosis, gate.reason]))
+    gate.seconds = sum(h["seconds"] for h in history)
+    steady = [h["samples_per_s"] for h in history[1:]] or [h["samples_per_s"] for h in history]
+    gate.extra = {"samples_per_s": float(np.median(steady)) if steady else None}
+    return gate
 
 
 def _note_output_kind(task, model, x: np.ndarray) -> None:

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 
 from pipeline.gates import FAIL, OK, Gate, evaluate, metric_check, parity_checks
@@ -104,3 +106,28 @@ def test_engine_exception_becomes_fail_row_with_evidence(tmp_path):
         g = crashed("server", "paddle-inference fp16", "fp16", "accuracy", exc, tmp_path / "evidence")
     assert g.status == FAIL and "operator < cast > error" in g.reason
     assert "Traceback" in (tmp_path / "evidence" / "paddle-inference_fp16.txt").read_text()
+
+
+def test_failed_lite_x86_row_keeps_its_failure_reason(monkeypatch):
+    """A lite x86 row outside its tolerance stays FAIL with the reason that says why (it used to be
+    overwritten with 'executed on the validation slice'); a passing row still says it was executed."""
+    from types import SimpleNamespace
+
+    from pipeline.engines import lite
+    from stages import lite as lite_stage
+
+    ref_out = np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    outputs = {"far": ref_out + 0.5, "same": ref_out.copy()}
+    task = SimpleNamespace(primary_metric="accuracy", metrics=lambda out, labels: {"accuracy": 1.0})
+    ref = SimpleNamespace(task=task, info={"input_shape": [1, 2]}, inputs=ref_out, labels=np.array([1, 0]),
+                          outputs=ref_out, metric=1.0)
+    tol = SimpleNamespace(atol=0.01, rtol=0.0, metric_delta=0.01, min_agreement=None)
+    for case, want in (("far", FAIL), ("same", OK)):
+        monkeypatch.setattr(lite, "LiteEngine", lambda *a, case=case, **k: SimpleNamespace(run=lambda x: outputs[case]))
+        ctx = SimpleNamespace(cfg=SimpleNamespace(lite=SimpleNamespace(timeout=5, gate=tol)), out_dir=Path("."))
+        g = lite_stage._run_x86(ctx, ref, Gate("lite", "lite x86 fp32", "fp32", "fp32", "accuracy"))
+        assert g.status == want
+        if want == FAIL:
+            assert "max_abs_diff" in g.reason and "executed" not in g.reason
+        else:
+            assert g.reason == "executed on the validation slice"
