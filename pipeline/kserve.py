@@ -107,7 +107,7 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
 
     async def infer(model: str, request: Request, version: str | None = None):
         check_model(model, version)
-        from .serve import _BadRequest, read_body
+        from .http_common import _BadRequest, read_body
 
         try:                      # streamed and capped: an oversized body is refused before it is all in memory
             body = await read_body(request, max_body)

@@ -188,5 +188,5 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
-              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/preprocess.py"),
+              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py"),
               description="self-describing bundle, verified and published")

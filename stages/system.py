@@ -340,6 +340,6 @@ def _external(cfg) -> dict[str, Path]:
 STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
-              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py"),
+              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py", "pipeline/verify_model.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

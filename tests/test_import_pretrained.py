@@ -223,7 +223,7 @@ def test_batch_sizes_follow_the_model_size(tiny_export, v4_rec):
 
 
 def test_verify_sample_tolerance_comes_from_the_bundle():
-    from pipeline.verify import _checks
+    from pipeline.verify_model import _checks
 
     expected = np.zeros((2, 3), np.float32)
     out = expected + 5e-4

@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import Request
 
 from ..errors import DataError, PipelineError
-from ..serve import (MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest, base_app,
+from ..http_common import (MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest, base_app,
                      decode_refusal, image_upload, read_body)
 
 

@@ -128,14 +128,14 @@ def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]]]:
 def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     """Hashes of everything, each model bundle's own sample checks, then the system on its sample pages."""
     from ..env import cpu_count
-    from ..verify import verify_bundle
+    from ..verify_model import verify_model_folder
 
     folder = Path(folder)
     manifest = verify_hashes(folder)
     cfg = load_infer_config(folder)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]
     for role in roles_of(cfg):
-        sub = verify_bundle(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
+        sub = verify_model_folder(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
         checks += [{**c, "name": f"{role}: {c['name']}"} for c in sub["checks"]]
     spec, _, _ = spec_of(folder)
     pages, expected = _sample_pages(folder)

@@ -1,0 +1,83 @@
+"""Verifying one model bundle that is already open and signature-checked: hashes, then every runnable model
+in it on the bundled samples, with the bundle's own sample tolerance. `pipeline/verify.py` opens bundles and
+dispatches on their kind; the OCR system's verifier (pipeline/ocr/system_bundle.py) calls this for its parts.
+
+Parameter files are parsed by Paddle, so nothing is loaded before every hash matched.
+"""
+from __future__ import annotations
+
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from . import bundle_layout as layout
+from .bundle import inside_bundle, load_infer_config, verify_hashes
+from .errors import DataError, IntegrityError
+from .gates import Check, parity_checks
+from .preprocess import decode_image_bytes, to_tensor
+
+# bundles written before bundle.sample_atol/rtol existed carry no sample_check: their tolerance was this
+LEGACY_SAMPLE_CHECK = {"atol": 1e-4, "rtol": 0.0}
+
+
+def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(folder / layout.SAMPLES_EXPECTED, allow_pickle=False) as z:
+            files, expected = [str(f) for f in z["files"]], z["outputs"]
+        for f in files:                     # the sample list is data too: it must not point outside
+            inside_bundle(folder, f, layout.SAMPLES_EXPECTED)
+        # the same decode → fit → normalise path `serve` uses for uploaded images
+        images = np.stack([decode_image_bytes((folder / f).read_bytes(), cfg["preprocess"]) for f in files])
+        return to_tensor(images, cfg["preprocess"]), expected
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, DataError) as exc:
+        msg = exc.one_line() if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+        raise IntegrityError(f"bundle samples are unreadable ({msg})", hint="rebuild the bundle with `make deploy`") from None
+
+
+def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict) -> list[dict]:
+    """The gates' own parity checks (NaN/Inf, shape, max abs diff), named for the engine, with the bundle's
+    sample tolerance, in the task's comparison space (probabilities as log-probabilities); the limit-less
+    max_rel_diff is left out of a pass/fail report."""
+    from .tasks import get_task
+
+    tol = cfg.get("sample_check") or LEGACY_SAMPLE_CHECK
+    space = getattr(get_task(cfg["task"], cfg.get("postprocess")), "comparable", None) or (lambda a: a)
+    if np.isfinite(out).all():
+        out, expected = space(out), space(expected)
+    return [{**asdict(c), "name": f"{engine} {c.name} on samples"}
+            for c in parity_checks(out, expected, tol["atol"], tol.get("rtol", 0.0), key="bundle.sample")
+            if c.limit is not None]
+
+
+def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
+    """Every runnable model in the bundle, behind the one engine interface: name -> Engine factory."""
+    from .engines import lite
+    from .engines.paddle_infer import InferenceEngine
+    from .env import cpu_count
+
+    found = {"server fp32": lambda: InferenceEngine(folder / layout.FP32_PREFIX, "fp32",
+                                                    threads=threads or cpu_count())}
+    nb = folder / layout.mobile_nb("x86", "fp32")
+    if nb.is_file() and lite.fp32_nb_runs_correctly_here("x86"):
+        found["lite x86 fp32"] = lambda: lite.LiteEngine(nb, cfg["input"]["shape"], timeout=timeout)
+    onnx = folder / layout.ONNX_MODEL
+    if onnx.is_file():
+        from .engines.ort import OrtEngine
+
+        found["onnxruntime fp32"] = lambda: OrtEngine(onnx, threads=threads or 1)
+    return found
+
+
+def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
+    """Hashes, then each runnable model on the samples; a report dict (no exception for a failed check)."""
+    manifest = verify_hashes(folder)
+    cfg = load_infer_config(folder)
+    x, expected = _samples(folder, cfg)
+    checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
+    for name, make in _engines(folder, cfg, timeout, threads).items():
+        checks += _checks(name, make().run(x), expected, cfg)
+    failed = [c for c in checks if not c["passed"]]
+    return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
+            "ok": not failed, "unverified": manifest.get("unverified", {})}
