@@ -99,7 +99,7 @@ fetch-ppocr: $(STAMP)
 REAL_OCR_CONFIG ?= configs/ppocr_v4_system.yaml
 real-ocr: $(STAMP)
 	$(PY) -m pipeline.ppocr_models
-	$(PY) -m pipeline run train export server lite bundle -c $(REAL_OCR_CONFIG) -O "$$O"
+	$(PY) -m pipeline run all -c $(REAL_OCR_CONFIG) -O "$$O"
 	@b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
 	  echo "$(PY) scripts/bench_ocr.py --bundle $$b --only-ours"; $(PY) scripts/bench_ocr.py --bundle "$$b" --only-ours
 
