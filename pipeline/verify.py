@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tempdirs
-from .bundle import MAX_ARCHIVE_BYTES, MAX_MEMBERS, load_infer_config, open_bundle
+from .bundle import MAX_ARCHIVE_BYTES, MAX_MEMBERS, load_infer_config, open_bundle, verify_hashes
 from .errors import IntegrityError
 from .ocr.system_bundle import verify_system
 from .verify_model import verify_model_folder
@@ -35,9 +35,12 @@ def verify_bundle(path: Path, timeout: float = 120, threads: int = 0, key: str |
     with tempdirs.directory("bundle-verify") as scratch:
         folder = open_bundle(Path(path), Path(scratch), max_bytes, max_members)
         signature = check_signature(folder, key)     # before the manifest or any model file is read
+        manifest = verify_hashes(folder)             # then every hash, before any file is parsed
         kind = load_infer_config(folder).get("task")
-        verifier = VERIFIERS.get(kind, verify_model_folder)
-        return {**verifier(folder, timeout=timeout, threads=threads), "signature": signature}
+        if kind in VERIFIERS:
+            return {**VERIFIERS[kind](folder, timeout=timeout, threads=threads), "signature": signature}
+        return {**verify_model_folder(folder, timeout=timeout, threads=threads, manifest=manifest),
+                "signature": signature}
 
 
 def verify_or_raise(path: Path, timeout: float = 120, **kw) -> dict:

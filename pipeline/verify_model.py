@@ -70,9 +70,10 @@ def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
     return found
 
 
-def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
-    """Hashes, then each runnable model on the samples; a report dict (no exception for a failed check)."""
-    manifest = verify_hashes(folder)
+def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, manifest: dict | None = None) -> dict:
+    """Hashes (unless the caller checked them: `manifest`), then each runnable model on the samples; a report
+    dict (no exception for a failed check)."""
+    manifest = manifest if manifest is not None else verify_hashes(folder)
     cfg = load_infer_config(folder)
     x, expected = _samples(folder, cfg)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
