@@ -104,10 +104,6 @@ def setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import supervise
-
-    if argv is None and supervise.wanted(sys.argv[1:]):     # the real CLI: a kernel kill gets a clear line
-        return supervise.run_supervised(sys.argv[1:])
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
