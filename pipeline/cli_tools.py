@@ -116,7 +116,7 @@ def _serve(args) -> int:
     sv = cfg.serve
     serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg), limits=HttpLimits.from_config(sv),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
-          log_requests=sv.access_log,
+          log_requests=sv.access_log, batching=sv.batching.model_dump(),
           archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine)
     return 0
 

@@ -227,6 +227,13 @@ class VerifyCfg(Section):
     max_members: int = PosInt
 
 
+class BatchingCfg(Section):
+    mode: Literal["auto", "on", "off"]
+    max_batch: int = Field(ge=1, le=64)
+    max_wait_ms: float = Field(ge=0, le=1000)
+    min_saving_ms: float = Field(ge=0)
+
+
 class ServeCfg(Section):
     max_body_bytes: int = PosInt
     max_pixels: int = PosInt
@@ -237,6 +244,7 @@ class ServeCfg(Section):
     body_timeout_s: float = Field(gt=0)
     keepalive_s: float = Field(gt=0)
     grace_s: float = Field(ge=0)
+    batching: BatchingCfg
 
 
 class DetectionCfg(Section):

@@ -22,6 +22,7 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 
 from . import tempdirs
 from .errors import DataError, PipelineError
+from .batching import DEFAULTS as BATCHING, describe
 from .http_common import (MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer,  # noqa: F401
                           _BadRequest, _HotRoutes, _Traffic, base_app, bind, decode_refusal, free_port, image_upload,
                           read_body)
@@ -62,7 +63,8 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
 
 def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
                           name: str | None = None, versions: dict | None = None, log_requests: bool = False,
-                          max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY, engine=None):
+                          max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY, engine=None,
+                          batching: dict | None = None):
     """App for an exported model + the infer_config structure (used by the server stage before a bundle exists).
 
     engine: an already loaded pipeline.engines.base.Engine to serve (default: Paddle Inference on model_prefix).
@@ -81,12 +83,13 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     name = name or Path(model_prefix).parent.name
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
-    runner = _Runner(engine, pool)
+    runner = _Runner(engine, pool, BATCHING if batching is None else batching, [d or -1 for d in want[1:]])
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": task.name, "input": infer_cfg["input"],
+                "batching": {**runner.batching, "stats": dict(runner.coalescer.stats) if runner.coalescer else None},
                 "versions": versions or env.versions()}
 
     async def predict(request: Request):
@@ -114,7 +117,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
 
     add_v2_routes(app, name=name, runner=runner, input_shape=want, output_name="output",
                   versions=versions or env.versions(), max_body=max_body)
-    app.state.engine, app.state.runner = engine, runner
+    app.state.engine, app.state.runner, app.state.batching = engine, runner, runner.batching
     app.state.endpoints = "POST /predict, GET /health, KServe v2 under /v2"
     return app
 
@@ -137,22 +140,39 @@ class _Runner:
     on the event loop: the thread-pool hop costs more than such a model (measured ~0.15 ms per
     request) and the event loop is blocked for less than a JSON parse. The batch-1 instance is then
     only ever touched by the loop thread and the batched one only by the worker thread, so neither
-    predictor is shared between threads. Everything else goes to the worker thread.
+    predictor is shared between threads. Everything else goes to the worker thread; with batching on
+    (pipeline/batching.py, decided by measurement at start-up) concurrent requests share its calls.
     """
 
     INLINE_MS = 1.0
 
-    def __init__(self, engine, pool: ThreadPoolExecutor):
+    def __init__(self, engine, pool: ThreadPoolExecutor, batching: dict | None = None,
+                 sample_shape: list | None = None):
+        from .batching import Coalescer, decide
         from .engines.base import ShapeRouted
 
         self.engine, self.pool = engine, pool
+        self.batching = decide(engine.run, sample_shape or engine.input_shape[1:], batching or {"mode": "off"})
         self.batch1_ms = _probe_ms(engine) if isinstance(engine, ShapeRouted) else None
-        self.inline = self.batch1_ms is not None and self.batch1_ms < self.INLINE_MS
+        self.inline = (not self.batching["enabled"] and self.batch1_ms is not None
+                       and self.batch1_ms < self.INLINE_MS)
+        self.coalescer = Coalescer(self._run_many, max_batch=self.batching["max_batch"],
+                                   max_wait_ms=self.batching["max_wait_ms"], size=len,
+                                   key=lambda x: x.shape[1:]) if self.batching["enabled"] else None
 
     async def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.coalescer is not None and len(x) < self.coalescer.max_batch:
+            return await self.coalescer.submit(x)
         if self.inline and len(x) == 1:
             return self.engine.run(x)
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.engine.run, x)
+
+    async def _run_many(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        from .batching import split_rows
+
+        x = xs[0] if len(xs) == 1 else np.concatenate(xs)
+        out = await asyncio.get_running_loop().run_in_executor(self.pool, self.engine.run, x)
+        return split_rows(out, [len(a) for a in xs])
 
 
 def _probe_ms(engine) -> float | None:
@@ -240,6 +260,7 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         log.info("bundle %s", app.state.signature)
         log.info("serving %s with %s on http://%s:%d (%s)", bundle, app.state.engine.kind, host, port,
                  app.state.endpoints)
+        log.info("%s", describe(app.state.batching))
         log.info("request log: %s", "one line per request" if app_kw.get("log_requests") else
                  f"a summary line per {app.state.traffic.every_s:g} s of traffic (serve.access_log=true: one per request)")
         stop_quietly_on_sigterm()

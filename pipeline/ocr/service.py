@@ -33,13 +33,51 @@ async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndar
         raise decode_refusal(exc) from None
 
 
+class _PageRunner:
+    """Reads one page on the worker thread. With batching on (PaddleOCR's flow, measured to pay on the
+    recogniser), detection runs per page and the crops of pages that wait for the recogniser together are
+    recognised together (ocr/system.recognize_pages: every crop sees the input it would alone); a page
+    that finds the recogniser idle runs at once."""
+
+    def __init__(self, det, rec, cls, spec, pool: ThreadPoolExecutor, settings: dict, max_pages: int):
+        from ..batching import Coalescer, decide
+
+        self.det, self.rec, self.cls, self.spec, self.pool = det, rec, cls, spec, pool
+        if spec.paddleocr:
+            shape = [int(rec.input_shape[1]), int(spec.rec_pre["height"]), int(spec.rec_pre["width"])]
+            self.batching = {**decide(rec.run, shape, settings), "unit": "crops per recogniser call"}
+        else:        # the built-in flow reads a page's crops in one call already
+            self.batching = {**decide(None, None, {**settings, "mode": "off"}),
+                             "reason": "built-in (stretch) flow: each page's crops are recognised in one call"}
+        self.coalescer = Coalescer(self._recognize, max_batch=max_pages) if self.batching["enabled"] else None
+
+    async def __call__(self, page: np.ndarray) -> list[dict]:
+        from .system import page_crops, page_lines, read_pages
+
+        loop = asyncio.get_running_loop()
+        if self.coalescer is None:
+            return await loop.run_in_executor(self.pool, lambda: read_pages([page], self.det, self.rec, self.spec,
+                                                                            cls=self.cls)[0])
+        pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls)
+        texts, scores = (await self.coalescer.submit(pc.crops)) if pc.crops else ([], [])
+        return page_lines(pc, texts, scores, self.spec)
+
+    async def _recognize(self, crop_sets: list) -> list:
+        from .system import recognize_pages
+
+        step = self.batching["max_batch"] if len(crop_sets) > 1 else 0     # one page: PaddleOCR's batches as is
+        return await asyncio.get_running_loop().run_in_executor(self.pool, recognize_pages, crop_sets, self.rec,
+                                                                self.spec, step)
+
+
 def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, name: str | None = None,
                    versions: dict | None = None, log_requests: bool = True, max_pixels: int = MAX_PIXELS,
-                   max_concurrency: int = MAX_CONCURRENCY):
-    """App for an (already hash-verified) system bundle folder; limits as in serve.create_app_from_model."""
+                   max_concurrency: int = MAX_CONCURRENCY, batching: dict | None = None):
+    """App for an (already hash-verified) system bundle folder; limits and batching as in
+    serve.create_app_from_model."""
     from .. import env
+    from ..batching import DEFAULTS
     from ..bundle import load_infer_config
-    from .system import read_pages
     from .system_bundle import served_system
 
     folder = Path(folder)
@@ -48,23 +86,27 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     det, rec, cls, spec = served_system(folder, threads)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     name = name or folder.name
+    runner = _PageRunner(det, rec, cls, spec, pool, DEFAULTS if batching is None else batching,
+                         max_concurrency)
 
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"), "engine": det.kind,
+                "batching": {**runner.batching, "stats": dict(runner.coalescer.stats) if runner.coalescer else None},
                 "versions": versions or env.versions()}
 
     @app.post("/ocr")
     async def ocr(request: Request):
         page = await _page_from_request(request, max_body, max_pixels)
         t0 = time.perf_counter()
-        lines = await asyncio.get_running_loop().run_in_executor(pool, lambda: read_pages([page], det, rec, spec, cls=cls)[0])
+        lines = await runner(page)
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
 
     app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health"     # `serve` logs both
+    app.state.batching = runner.batching
     return app
 
 

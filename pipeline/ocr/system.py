@@ -146,33 +146,70 @@ def classify_crops(crops: list[np.ndarray], cls, spec: SystemSpec) -> list[int]:
 
 def recognize_crops(crops: list[np.ndarray], rec, spec: SystemSpec) -> tuple[list[str], list[float]]:
     """Texts and scores of crops, recognised in width-sorted batches of rec_batch_num; results in input order."""
+    return recognize_pages([crops], rec, spec)[0]
+
+
+def recognize_pages(crop_sets: list[list[np.ndarray]], rec, spec: SystemSpec,
+                    max_crops: int = 0) -> list[tuple[list[str], list[float]]]:
+    """The crops of several pages: each page's crops batched as alone (PaddleOCR's width groups of
+    rec_batch_num, each padded to its widest crop), so every crop sees the very input it would alone; batches
+    of equal width, of any page, then share engine calls of up to max_crops (default rec_batch_num: one page
+    runs exactly as PaddleOCR's batches). → per page (texts, scores) in input order."""
     height, base = int(spec.rec_pre["height"]), int(spec.rec_pre["width"])
-    dynamic = int(rec.input_shape[-1]) <= 0
-    texts, scores = [""] * len(crops), [0.0] * len(crops)
-    for idx in ppocr.width_batches(crops, int(spec.flow["rec_batch_num"])):
-        width = ppocr.batch_width(crops, idx, height, base) if dynamic else base
-        out = rec.run(np.stack([ppocr.resize_norm(crops[i], height, width) for i in idx]))
-        _finite(out, "recognition", rec)
-        for i, t, sc in zip(idx, decode_indices(ctc_greedy_decode(out), spec.rec_post["charset"]), _line_scores(out)):
-            texts[i], scores[i] = t, sc
-    return texts, scores
+    dynamic, n = int(rec.input_shape[-1]) <= 0, int(spec.flow["rec_batch_num"])
+    by_width: dict[int, list[tuple[int, int]]] = {}
+    for p, crops in enumerate(crop_sets):
+        for idx in ppocr.width_batches(crops, n):
+            width = ppocr.batch_width(crops, idx, height, base) if dynamic else base
+            by_width.setdefault(width, []).extend((p, int(i)) for i in idx)
+    out = [([""] * len(c), [0.0] * len(c)) for c in crop_sets]
+    step = max(int(max_crops), n)      # only the last batch of a page is partial: chunks keep batches whole
+    for width, pairs in by_width.items():
+        for s in range(0, len(pairs), step):
+            chunk = pairs[s:s + step]
+            res = rec.run(np.stack([ppocr.resize_norm(crop_sets[p][i], height, width) for p, i in chunk]))
+            _finite(res, "recognition", rec)
+            texts = decode_indices(ctc_greedy_decode(res), spec.rec_post["charset"])
+            for (p, i), t, sc in zip(chunk, texts, _line_scores(res)):
+                out[p][0][i], out[p][1][i] = t, sc
+    return out
 
 
-def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> list[dict]:
-    """One page through PaddleOCR's flow (see the module docstring); crops are cut from the prepared page
-    (as RapidOCR does), boxes reported in the original page's pixels."""
+@dataclass
+class PageCrops:
+    """A page between detection and recognition: boxes in the page's pixels, their crops, angles if turned."""
+    quads: np.ndarray
+    det_scores: np.ndarray
+    crops: list
+    angles: list | None
+
+
+def page_crops(page: np.ndarray, det, spec: SystemSpec, cls=None) -> PageCrops:
+    """Detection, crops and the optional classifier of one page (PaddleOCR's flow); recognition is left to
+    the caller, so that `/ocr` can recognise the crops of concurrent pages together."""
     img = ppocr.to_bgr(page)
     work, transform = ppocr.prepare_page(img, spec.flow)
     quads, det_scores = detect_page(work, det, spec)
     crops = [crop_quad(work, q) for q in quads]
     quads = ppocr.page_boxes(quads, transform, img.shape[:2])
     angles = classify_crops(crops, cls, spec) if cls is not None and crops else None
-    texts, scores = recognize_crops(crops, rec, spec) if crops else ([], [])
+    return PageCrops(quads, det_scores, crops, angles)
+
+
+def page_lines(pc: PageCrops, texts: list[str], scores: list[float], spec: SystemSpec) -> list[dict]:
+    """The lines of a page whose crops were recognised; lines below drop_score dropped."""
     lines = []
-    for k, q in enumerate(quads):
+    for k, q in enumerate(pc.quads):
         if scores[k] >= float(spec.flow["drop_score"]):
-            lines.append(_line(q, texts[k], scores[k], det_scores[k]) | ({"angle": angles[k]} if angles else {}))
+            lines.append(_line(q, texts[k], scores[k], pc.det_scores[k]) | ({"angle": pc.angles[k]} if pc.angles else {}))
     return lines
+
+
+def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> list[dict]:
+    """One page through PaddleOCR's flow (see the module docstring); crops are cut from the prepared page
+    (as RapidOCR does), boxes reported in the original page's pixels."""
+    pc = page_crops(page, det, spec, cls)
+    return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
 
 
 def read_crops(crops: list[np.ndarray], rec, spec: SystemSpec, cls=None) -> list[str]:

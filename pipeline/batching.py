@@ -1,0 +1,172 @@
+"""Concurrent requests run as one engine call when that pays: the measurement that decides, and the coalescer.
+
+Coalescing: a request that finds the engine idle runs at once, alone, with no added wait. Requests that arrive
+while the engine is busy queue; when it frees up, the queued ones (same input shape, up to `max_batch`
+samples) run as one call, and each gets its own slice of the result. A queued request therefore waits at most
+for the call in progress (plus `max_wait_ms`, spent only when others are queued). A batch that raises is run
+again one request at a time, so a bad request never fails the others.
+
+The decision (`decide`): batching is on when the served engine's per-sample time at batch `max_batch` is at
+least `min_saving_ms` below its batch-1 time. On a model whose batch-1 call is a fraction of a millisecond the
+saving is smaller than what HTTP costs per request anyway (the default model: README "Serving").
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, Hashable
+
+import numpy as np
+
+MODES = ("auto", "on", "off")
+# the serve.batching keys' defaults (configs/defaults.yaml says how min_saving_ms was measured)
+DEFAULTS = {"mode": "auto", "max_batch": 8, "max_wait_ms": 0.0, "min_saving_ms": 0.5}
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def measure(run: Callable[[np.ndarray], Any], sample_shape: list[int], k: int, budget_s: float = 2.0) -> dict:
+    """Per-sample engine time at batch 1 and batch k on zeros, interleaved (the neighbours' load hits both),
+    within about budget_s (a big model gets fewer repeats)."""
+    x1 = np.zeros([1, *sample_shape], np.float32)
+    xk = np.zeros([k, *sample_shape], np.float32)
+    first = _median_ms(lambda: run(x1), 1, 1) + _median_ms(lambda: run(xk), 1, 1)      # warm both
+    rounds = int(max(1, min(5, budget_s * 1e3 / max(first * 3, 1e-3))))
+    per = int(max(1, min(20, budget_s * 1e3 / max(first * rounds, 1e-3))))
+    one, many = [], []
+    for _ in range(rounds):
+        one.append(_median_ms(lambda: run(x1), per, 0))
+        many.append(_median_ms(lambda: run(xk), per, 0))
+    b1, bk = float(np.median(one)), float(np.median(many)) / k
+    return {"batch": k, "batch1_ms": round(b1, 4), "batchk_ms_per_sample": round(bk, 4),
+            "saving_ms_per_sample": round(b1 - bk, 4), "repeats": rounds * per}
+
+
+def decide(run: Callable[[np.ndarray], Any] | None, sample_shape: list[int] | None, settings: dict) -> dict:
+    """The choice for one served engine: settings {mode, max_batch, max_wait_ms, min_saving_ms}.
+    mode on/off is taken as is (recorded, not measured); auto measures. Inputs with a free non-batch dim
+    (pages at their own size) never share a shape, so auto leaves them unbatched."""
+    mode, k = settings.get("mode", "auto"), int(settings.get("max_batch", 8))
+    choice = {"mode": mode, "max_batch": k, "max_wait_ms": float(settings.get("max_wait_ms", 0.0)),
+              "min_saving_ms": float(settings.get("min_saving_ms", 0.0))}
+    if mode in ("on", "off"):
+        return {**choice, "enabled": mode == "on" and k > 1, "reason": f"serve.batching.mode={mode}"}
+    if run is None or not sample_shape or any(int(d) <= 0 for d in sample_shape) or k < 2:
+        return {**choice, "enabled": False, "reason": "inputs have no fixed shape (or max_batch < 2): nothing to measure"}
+    m = measure(run, [int(d) for d in sample_shape], k)
+    on = m["saving_ms_per_sample"] >= choice["min_saving_ms"]
+    why = (f"batch {k} saves {m['saving_ms_per_sample']:.3f} ms per sample over batch 1 ({m['batch1_ms']:.3f} -> "
+           f"{m['batchk_ms_per_sample']:.3f} ms), {'>=' if on else '<'} min_saving_ms {choice['min_saving_ms']:g}")
+    return {**choice, "enabled": on, "measured": m, "reason": why}
+
+
+def describe(choice: dict) -> str:
+    """One log line."""
+    state = "on" if choice.get("enabled") else "off"
+    extra = f" (max batch {choice['max_batch']}, max wait {choice['max_wait_ms']:g} ms)" if choice.get("enabled") else ""
+    return f"batching {state}{extra}: {choice.get('reason', '')}"
+
+
+class Coalescer:
+    """Runs concurrent submissions together (see the module docstring).
+
+    call: async, a list of items -> a list with one result per item. size(item): samples an item holds
+    (bounded by max_batch together); key(item): only items with equal keys share a call."""
+
+    def __init__(self, call: Callable[[list], Awaitable[list]], *, max_batch: int, max_wait_ms: float = 0.0,
+                 size: Callable[[Any], int] = lambda item: 1, key: Callable[[Any], Hashable] = lambda item: None):
+        self.call, self.max_batch, self.max_wait_s = call, int(max_batch), float(max_wait_ms) / 1e3
+        self.size, self.key = size, key
+        self.busy, self._task = False, None
+        self.queue: list[tuple[Any, asyncio.Future]] = []
+        self.stats = {"calls": 0, "items": 0, "largest": 0}
+
+    async def submit(self, item: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self.busy:
+            fut = loop.create_future()
+            self.queue.append((item, fut))
+            return await fut
+        self.busy = True                     # idle: this request runs now, alone, with no added wait
+        try:
+            return (await self._call([item]))[0]
+        finally:
+            self._hand_over(loop)
+
+    def _hand_over(self, loop) -> None:
+        if self.queue:
+            self._task = loop.create_task(self._drain())   # the queue is served by a task; this request returns now
+        else:
+            self.busy = False
+
+    async def _drain(self) -> None:
+        try:
+            while self.queue:
+                if self.max_wait_s and self._queued_samples() < self.max_batch:
+                    await asyncio.sleep(self.max_wait_s)          # only under contention: let the batch fill
+                batch = self._take()
+                await self._settle(batch)
+        finally:
+            self.busy = False
+
+    def _queued_samples(self) -> int:
+        return sum(self.size(item) for item, _ in self.queue)
+
+    def _take(self) -> list[tuple[Any, asyncio.Future]]:
+        """The head of the queue and the queued items with its key, up to max_batch samples (at least one)."""
+        head = self.key(self.queue[0][0])
+        batch, rest, n = [], [], 0
+        for item, fut in self.queue:
+            s = self.size(item)
+            if self.key(item) == head and (not batch or n + s <= self.max_batch):
+                batch.append((item, fut))
+                n += s
+            else:
+                rest.append((item, fut))
+        self.queue = rest
+        return batch
+
+    async def _settle(self, batch: list[tuple[Any, asyncio.Future]]) -> None:
+        batch = [(i, f) for i, f in batch if not f.done()]      # a cancelled request (client gone) is dropped
+        if not batch:
+            return
+        try:
+            results = await self._call([i for i, _ in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                _set(batch[0][1], exc=exc)
+                return
+            for pair in batch:                                   # one bad request must not fail the others
+                await self._settle([pair])
+            return
+        for (_, fut), res in zip(batch, results):
+            _set(fut, res)
+
+    async def _call(self, items: list) -> list:
+        self.stats["calls"] += 1
+        self.stats["items"] += len(items)
+        self.stats["largest"] = max(self.stats["largest"], len(items))
+        return await self.call(items)
+
+
+def _set(fut: asyncio.Future, res: Any = None, exc: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(res)
+
+
+def split_rows(out: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """Per-request slices of a batched output, in submission order."""
+    return np.split(out, np.cumsum(sizes)[:-1]) if len(sizes) > 1 else [out]
