@@ -169,7 +169,7 @@ class OnnxCfg(Section):
 
 class TuningCfg(Section):
     threads: list[int] = Field(min_length=1)
-    paddle_ir_optim: list[bool] = Field(min_length=1)
+    paddle_ir_optim: list[bool | Literal["plain"]] = Field(min_length=1)
     rounds: int = PosInt
 
 

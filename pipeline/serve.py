@@ -10,6 +10,7 @@ pipeline.preprocess path as training, so served predictions cannot drift from th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import socket
@@ -255,6 +256,10 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
     host, port = sock.getsockname()[:2]
     try:
         app = create_app(bundle, threads=threads, **app_kw)
+        # the loaded runtimes are millions of long-lived objects: frozen, the collector stops walking them (full
+        # collections were ~8 % of a tiny model's batch-1 CPU time in a serving loop, measured with perf)
+        gc.collect()
+        gc.freeze()
         if host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
         log.info("bundle %s", app.state.signature)

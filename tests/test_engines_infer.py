@@ -79,6 +79,18 @@ def test_fp32_matches_dygraph(tiny):
     assert np.abs(eng.run_batched(tiny["val"], 100) - eng.run(tiny["val"])).max() < 1e-4
 
 
+def test_plain_passes_match_and_unknown_values_are_refused(tiny):
+    """ir_optim="plain" (Paddle's CPU kernels, op-folding passes, runtime-context cache: the batch-1 variant the
+    server stage may pick) computes what the export computes; fp32 only, oneDNN off."""
+    x = tiny["val"][:8]
+    ref = tiny["net"](paddle.to_tensor(x)).numpy()
+    eng = InferenceEngine(tiny["prefix"], precision="fp32", threads=1, ir_optim="plain")
+    assert eng.effective_precision == "fp32" and np.abs(eng.run(x) - ref).max() < 1e-4
+    assert np.abs(eng.run(x[:1]) - ref[:1]).max() < 1e-4
+    with pytest.raises(ConfigError, match="ir_optim"):
+        InferenceEngine(tiny["prefix"], precision="fp32", ir_optim="fast")
+
+
 def test_fp16_emulated_close_but_not_equal(tiny):
     out_prefix = str(tiny["dir"] / "fp16" / "model")
     info = make_fp16_emulated(tiny["prefix"], out_prefix)
