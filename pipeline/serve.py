@@ -59,6 +59,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
                                 **limits)
     app.state.scratch = scratch          # an extracted archive lives as long as the app
     app.state.signature = signature
+    app.state.batching_recorded = (cfg.get("serving") or {}).get("batching")    # what the server stage measured
     return app
 
 
@@ -266,6 +267,9 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         log.info("serving %s with %s on http://%s:%d (%s)", bundle, app.state.engine.kind, host, port,
                  app.state.endpoints)
         log.info("%s", describe(app.state.batching))
+        recorded = getattr(app.state, "batching_recorded", None)
+        if recorded:
+            log.info("  the bundle's record (server stage, build machine): %s", describe(recorded))
         log.info("request log: %s", "one line per request" if app_kw.get("log_requests") else
                  f"a summary line per {app.state.traffic.every_s:g} s of traffic (serve.access_log=true: one per request)")
         stop_quietly_on_sigterm()
@@ -276,7 +280,8 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
 
 
 def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labels: np.ndarray, task_name: str,
-              *, max_requests: int, threads: int = 0, timeout: float = 30.0, engine=None) -> dict:
+              *, max_requests: int, threads: int = 0, timeout: float = 30.0, engine=None,
+              batching: dict | None = None) -> dict:
     """Serve the model on a free 127.0.0.1 port, POST up to max_requests images as PNG (one per request),
     score the returned raw outputs with the task's primary metric, and time every request end to end."""
     import httpx
@@ -292,7 +297,7 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
 
     bodies = [png_bytes(img) for img in images_uint8[:n]]
     app = create_app_from_model(model_prefix, infer_cfg, threads=threads, log_requests=False,  # percentiles instead
-                                engine=engine)
+                                engine=engine, batching=batching)
     outputs, times = [], []
     headers = {"content-type": "image/png"}
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=timeout) as client:

@@ -95,6 +95,8 @@ def run(ctx: StageContext) -> StageResult:
     passing = {g.subject.rsplit(" ", 1)[0] for g in gates if g.status == OK and g.precision_effective == "fp32"}
     candidates = {k: e for k, e in served.items() if k in passing}
     serving = _recommend(ctx, x, candidates, tuning) if candidates else None
+    if serving:
+        serving["batching"] = _batching(ctx, candidates[serving["engine"]], ref.info["input_shape"][1:])
     info_out["serving"] = serving
     write_json(ctx.out_dir / "serving.json", serving or {})
 
@@ -296,6 +298,21 @@ def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
             "tuning": tuning}
 
 
+def _serve_batching(ctx) -> dict:
+    return ctx.cfg.serve.batching.model_dump()
+
+
+def _batching(ctx, engine, sample_shape: list) -> dict:
+    """Would concurrent requests pay to share the recommended engine's calls (serve.batching)? Recorded for the
+    bundle; `serve` measures again at start-up, on the machine that serves."""
+    from pipeline.batching import decide, describe
+
+    choice = decide(engine.run, [d if isinstance(d, int) and d > 0 else -1 for d in sample_shape],
+                    _serve_batching(ctx))
+    log.info("[server] %s", describe(choice))
+    return choice
+
+
 def _http_row(ctx, ref, threads, engine=None) -> Gate:
     """The HTTP service users will run, started on a free local port and gated like an engine."""
     subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
@@ -311,7 +328,7 @@ def _http_gate_row(ctx, ref, threads, engine, subject: str) -> Gate:
     infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
                  "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
     res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
-                    threads=threads, engine=engine)
+                    threads=threads, engine=engine, batching=_serve_batching(ctx))
     n = res["n"]
     gate = Gate("server", subject, "fp32", "fp32", task.primary_metric,
                 reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])
@@ -345,7 +362,7 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
     return gate
 
 
-STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",), make_target="deploy",
+STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", "serve"), make_target="deploy",
               outputs=("serving.json", "perf.json"),
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
                                 "openvino/model_int8.xml"),
