@@ -56,6 +56,7 @@ def decide(run: Callable[[np.ndarray], Any] | None, sample_shape: list[int] | No
     mode on/off is taken as is (recorded, not measured); auto measures. Inputs with a free non-batch dim
     (pages at their own size) never share a shape, so auto leaves them unbatched."""
     mode, k = settings.get("mode", "auto"), int(settings.get("max_batch", 8))
+    mode = {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode    # YAML's on/off
     choice = {"mode": mode, "max_batch": k, "max_wait_ms": float(settings.get("max_wait_ms", 0.0)),
               "min_saving_ms": float(settings.get("min_saving_ms", 0.0))}
     if mode in ("on", "off"):

@@ -228,7 +228,7 @@ class VerifyCfg(Section):
 
 
 class BatchingCfg(Section):
-    mode: Literal["auto", "on", "off"]
+    mode: Literal["auto", "on", "off"] | bool       # YAML reads a bare on/off as true/false
     max_batch: int = Field(ge=1, le=64)
     max_wait_ms: float = Field(ge=0, le=1000)
     min_saving_ms: float = Field(ge=0)

@@ -251,6 +251,34 @@ def test_width_grouped_batches_read_as_one_by_one(real):
     assert sum(a != b for a, b in zip(batched, single)) <= len(crops) // 10
 
 
+def test_concurrent_pages_recognised_together_read_as_alone(real):
+    """/ocr with batching on: the crops of pages that wait for the recogniser together share its calls
+    (ocr/system.recognize_pages), each crop with the very input it has alone, so every page reads as it does
+    alone (a blank page among them reads as no lines)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.ocr.service import _PageRunner
+    from pipeline.ocr.system import read_page_ppocr
+
+    eng, spec = real
+    spec.flow = {**spec.flow, "rec_batch_num": 6}
+    pages = [_page(n) for n in ("ch_en_num.jpg", "return_word_debug.jpg", "issue_170.png")] + [np.full((64, 256, 3), 255, np.uint8)]
+    alone = [read_page_ppocr(p, eng["det"], eng["rec"], spec) for p in pages]
+    pool = ThreadPoolExecutor(max_workers=1)
+    runner = _PageRunner(eng["det"], eng["rec"], None, spec, pool,
+                         {"mode": "on", "max_batch": 16, "max_wait_ms": 0, "min_saving_ms": 0}, max_pages=8)
+
+    async def together():
+        return await asyncio.gather(*(runner(p) for p in pages))
+
+    got = asyncio.run(together())
+    pool.shutdown()
+    assert got == alone and len(alone[0]) == 18 and len(alone[1]) > 0 and len(alone[2]) > 0 and alone[3] == []
+    # the first page finds the recogniser idle and runs alone; the two behind it share one call
+    assert runner.coalescer.stats["largest"] >= 2
+
+
 @pytest.mark.parametrize("pre", [{"resize": "stretch", "height": 96, "width": 128, "mean": 0.5, "std": 0.5},
                                  {"resize": "limit", "limit_side_len": 960, "limit_type": "max",
                                   "mean": [0.5] * 3, "std": [0.5] * 3}])
