@@ -7,8 +7,9 @@ for the call in progress (plus `max_wait_ms`, spent only when others are queued)
 again one request at a time, so a bad request never fails the others.
 
 The decision (`decide`): batching is on when the served engine's per-sample time at batch `max_batch` is at
-least `min_saving_ms` below its batch-1 time. On a model whose batch-1 call is a fraction of a millisecond the
-saving is smaller than what HTTP costs per request anyway (the default model: README "Serving").
+least `min_saving_ms` and `min_saving_ratio` below its time at the batch a request runs alone (1 for /predict; for
+/ocr a page's own full batch of rec_batch_num crops). On a model whose batch-1 call is a fraction of a millisecond
+the saving is smaller than what batching costs a lone request (its thread hop; README "Serving").
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 
 MODES = ("auto", "on", "off")
 # the serve.batching keys' defaults (configs/defaults.yaml says how min_saving_ms was measured)
-DEFAULTS = {"mode": "auto", "max_batch": 8, "max_wait_ms": 0.0, "min_saving_ms": 0.5}
+DEFAULTS = {"mode": "auto", "max_batch": 8, "max_wait_ms": 0.0, "min_saving_ms": 0.5, "min_saving_ratio": 0.1}
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
@@ -34,10 +35,11 @@ def _median_ms(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
     return float(np.median(times) * 1e3)
 
 
-def measure(run: Callable[[np.ndarray], Any], sample_shape: list[int], k: int, budget_s: float = 2.0) -> dict:
-    """Per-sample engine time at batch 1 and batch k on zeros, interleaved (the neighbours' load hits both),
-    within about budget_s (a big model gets fewer repeats)."""
-    x1 = np.zeros([1, *sample_shape], np.float32)
+def measure(run: Callable[[np.ndarray], Any], sample_shape: list[int], k: int, budget_s: float = 2.0,
+            base: int = 1) -> dict:
+    """Per-sample engine time at batch `base` (what a request runs alone) and batch k on zeros, interleaved (the
+    neighbours' load hits both), within about budget_s (a big model gets fewer repeats)."""
+    x1 = np.zeros([base, *sample_shape], np.float32)
     xk = np.zeros([k, *sample_shape], np.float32)
     first = _median_ms(lambda: run(x1), 1, 1) + _median_ms(lambda: run(xk), 1, 1)      # warm both
     rounds = int(max(1, min(5, budget_s * 1e3 / max(first * 3, 1e-3))))
@@ -46,28 +48,46 @@ def measure(run: Callable[[np.ndarray], Any], sample_shape: list[int], k: int, b
     for _ in range(rounds):
         one.append(_median_ms(lambda: run(x1), per, 0))
         many.append(_median_ms(lambda: run(xk), per, 0))
-    b1, bk = float(np.median(one)), float(np.median(many)) / k
-    return {"batch": k, "batch1_ms": round(b1, 4), "batchk_ms_per_sample": round(bk, 4),
-            "saving_ms_per_sample": round(b1 - bk, 4), "repeats": rounds * per}
+    b1, bk = float(np.median(one)) / base, float(np.median(many)) / k
+    return {"base_batch": base, "batch": k, "base_ms_per_sample": round(b1, 4), "batchk_ms_per_sample": round(bk, 4),
+            "saving_ms_per_sample": round(b1 - bk, 4), "saving_ratio": round((b1 - bk) / b1, 4) if b1 > 0 else 0.0,
+            "repeats": rounds * per}
 
 
-def decide(run: Callable[[np.ndarray], Any] | None, sample_shape: list[int] | None, settings: dict) -> dict:
-    """The choice for one served engine: settings {mode, max_batch, max_wait_ms, min_saving_ms}.
-    mode on/off is taken as is (recorded, not measured); auto measures. Inputs with a free non-batch dim
-    (pages at their own size) never share a shape, so auto leaves them unbatched."""
-    mode, k = settings.get("mode", "auto"), int(settings.get("max_batch", 8))
+def decide(run: Callable[[np.ndarray], Any] | None, sample_shape: list[int] | None, settings: dict,
+           base: int = 1) -> dict:
+    """The choice for one served engine: settings {mode, max_batch, max_wait_ms, min_saving_ms, min_saving_ratio}.
+    mode on/off is taken as is (recorded, not measured); auto measures batch `base` (what a request runs alone:
+    1 for /predict, rec_batch_num crops for an /ocr page) against max_batch, and is on when the per-sample saving
+    reaches both minimums. Inputs with a free non-batch dim (pages at their own size) never share a shape, so
+    auto leaves them unbatched."""
+    s = {**DEFAULTS, **settings}
+    mode, k = s["mode"], int(s["max_batch"])
     mode = {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode    # YAML's on/off
-    choice = {"mode": mode, "max_batch": k, "max_wait_ms": float(settings.get("max_wait_ms", 0.0)),
-              "min_saving_ms": float(settings.get("min_saving_ms", 0.0))}
+    choice = {"mode": mode, "max_batch": k, "max_wait_ms": float(s["max_wait_ms"]),
+              "min_saving_ms": float(s["min_saving_ms"]), "min_saving_ratio": float(s["min_saving_ratio"])}
     if mode in ("on", "off"):
         return {**choice, "enabled": mode == "on" and k > 1, "reason": f"serve.batching.mode={mode}"}
-    if run is None or not sample_shape or any(int(d) <= 0 for d in sample_shape) or k < 2:
-        return {**choice, "enabled": False, "reason": "inputs have no fixed shape (or max_batch < 2): nothing to measure"}
-    m = measure(run, [int(d) for d in sample_shape], k)
-    on = m["saving_ms_per_sample"] >= choice["min_saving_ms"]
-    why = (f"batch {k} saves {m['saving_ms_per_sample']:.3f} ms per sample over batch 1 ({m['batch1_ms']:.3f} -> "
-           f"{m['batchk_ms_per_sample']:.3f} ms), {'>=' if on else '<'} min_saving_ms {choice['min_saving_ms']:g}")
+    if run is None or not sample_shape or any(int(d) <= 0 for d in sample_shape) or k <= base:
+        why = "inputs have no fixed shape" if k > base else f"max_batch {k} <= the batch a request runs alone ({base})"
+        return {**choice, "enabled": False, "reason": f"{why}: nothing to gain"}
+    m = measure(run, [int(d) for d in sample_shape], k, base=base)
+    on = m["saving_ms_per_sample"] >= choice["min_saving_ms"] and m["saving_ratio"] >= choice["min_saving_ratio"]
+    why = (f"batch {k} saves {m['saving_ms_per_sample']:.3f} ms per sample ({m['saving_ratio']:.0%}) over batch {base} "
+           f"({m['base_ms_per_sample']:.3f} -> {m['batchk_ms_per_sample']:.3f} ms); on needs >= {choice['min_saving_ms']:g} "
+           f"ms and >= {choice['min_saving_ratio']:.0%}")
     return {**choice, "enabled": on, "measured": m, "reason": why}
+
+
+def served_shape(input_shape: list, preprocess: dict | None) -> list[int]:
+    """The sample shape requests mostly have: the model's, free height/width filled from the preprocessing
+    (a PaddleOCR recogniser takes any width, but lines are padded to `width`, so most requests share it)."""
+    shape = [int(d) if isinstance(d, int) and d > 0 else -1 for d in input_shape]
+    pre = preprocess or {}
+    for i, key in ((-2, "height"), (-1, "width")):
+        if len(shape) >= 2 and shape[i] <= 0 and isinstance(pre.get(key), int):
+            shape[i] = pre[key]
+    return shape
 
 
 def describe(choice: dict) -> str:

@@ -232,6 +232,7 @@ class BatchingCfg(Section):
     max_batch: int = Field(ge=1, le=64)
     max_wait_ms: float = Field(ge=0, le=1000)
     min_saving_ms: float = Field(ge=0)
+    min_saving_ratio: float = Field(ge=0, lt=1)
 
 
 class ServeCfg(Section):

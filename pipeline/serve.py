@@ -23,7 +23,7 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 
 from . import tempdirs
 from .errors import DataError, PipelineError
-from .batching import DEFAULTS as BATCHING, describe
+from .batching import DEFAULTS as BATCHING, describe, served_shape
 from .http_common import (MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer,  # noqa: F401
                           _BadRequest, _HotRoutes, _Traffic, base_app, bind, decode_refusal, free_port, image_upload,
                           read_body)
@@ -85,7 +85,8 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     name = name or Path(model_prefix).parent.name
     # one worker thread owns the predictor: it is not thread-safe, and the event loop stays free
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
-    runner = _Runner(engine, pool, BATCHING if batching is None else batching, [d or -1 for d in want[1:]])
+    runner = _Runner(engine, pool, BATCHING if batching is None else batching,
+                     served_shape(infer_cfg["input"]["shape"], infer_cfg["preprocess"])[1:])
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
     @app.get("/health")

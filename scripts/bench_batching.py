@@ -6,6 +6,10 @@ A model bundle is sent its own sample images on POST /predict; an OCR system bun
 tests/data/real_images (as PNG) on POST /ocr. First prints what `mode=auto` decides on this machine (a third
 `serve`, started and stopped before the A/B, answers GET /health), then req/s (pages/s for /ocr), client
 p50/p90 and, from /health, how many requests each engine call served.
+
+`--ocr-models` (no bundle): the page flow `/ocr` runs (ocr/service._PageRunner: detection per page, crops of
+waiting pages recognised together) on the fetched PP-OCRv4 models with configs/ppocr_v4_system.yaml's settings and
+engine, in-process (no HTTP: ~1 ms of a page's several hundred), the real images at concurrency 1 and 8.
 """
 from __future__ import annotations
 
@@ -37,11 +41,9 @@ def _bodies(bundle: Path) -> tuple[str, list[bytes]]:
     from pipeline.bundle import load_infer_config
 
     if load_infer_config(bundle).get("task") == "ocr_system":
-        from pipeline.ocr.pages import decode_page
         from pipeline.preprocess import png_bytes
 
-        files = sorted(p for p in (ROOT / "tests/data/real_images").iterdir() if p.suffix.lower() in (".png", ".jpg"))
-        return "/ocr", [png_bytes(decode_page(p.read_bytes(), mode="BGR")[..., ::-1]) for p in files]
+        return "/ocr", [png_bytes(page) for page in _real_pages("RGB")]
     with np.load(bundle / bundle_layout.SAMPLES_EXPECTED) as z:
         return "/predict", [(bundle / f).read_bytes() for f in z["files"]]
 
@@ -57,15 +59,104 @@ def _auto_choice(bundle: Path, max_batch: int) -> dict:
         return _get(srv.url + "/health")["batching"]
 
 
+def _ocr_runners(threads: int, max_batch: int) -> tuple[dict, list]:
+    """_PageRunner with batching on and off on the fetched v4 models (one engine set each: no instance is
+    shared between the two), and the real pages (BGR)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pipeline  # noqa: F401
+    from pipeline.config import load_config
+    from pipeline.ocr import ppocr_system
+    from pipeline.ocr.service import _PageRunner
+    from pipeline.ppocr_models import fetch
+
+    sys_cfg = load_config([ROOT / "configs/ppocr_v4_system.yaml"])
+    models = fetch()
+    spec = ppocr_system.spec_from_configs(load_config([ROOT / sys_cfg.system.detection]), sys_cfg, models["keys"])
+    runners = {}
+    for mode in ("on", "off"):
+        det, rec, cls = ppocr_system.engines(models, sys_cfg.system.engine, threads, ROOT / ".cache/ppocr/onnx")
+        settings = {**sys_cfg.serve.batching.model_dump(), "mode": mode, "max_batch": max_batch}
+        runners[f"batching {mode}"] = _PageRunner(det, rec, cls, spec, ThreadPoolExecutor(1), settings, max_pages=8)
+    return runners, _real_pages("BGR")
+
+
+def _real_pages(mode: str) -> list:
+    """The real images /ocr accepts (short.png, 65x11, is refused as too thin to read: 400)."""
+    from pipeline.errors import DataError
+    from pipeline.imagedecode import decode_page
+
+    out = []
+    for p in sorted(p for p in (ROOT / "tests/data/real_images").iterdir() if p.suffix.lower() in (".png", ".jpg")):
+        try:
+            out.append(decode_page(p.read_bytes(), mode=mode))
+        except DataError:
+            continue
+    return out
+
+
+async def _pages_at(runner, pages: list, concurrency: int, repeat: int) -> float:
+    import asyncio
+    import time
+
+    todo = iter([p for _ in range(repeat) for p in pages])
+
+    async def worker():
+        for page in todo:
+            await runner(page)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - t0
+
+
+def ocr_flow(a) -> int:
+    import asyncio
+
+    from pipeline import env
+
+    runners, pages = _ocr_runners(a.threads or env.cpu_count(), a.max_batch)
+    auto = _auto_ocr(runners["batching on"], a.max_batch)
+    print(f"page flow on the fetched PP-OCRv4 models ({runners['batching on'].det.kind}), {len(pages)} real pages; "
+          f"mode=auto decides here: {'on' if auto['enabled'] else 'off'} ({auto['reason']})")
+    for r in runners.values():
+        asyncio.run(_pages_at(r, pages[:2], 1, 1))                   # warm-up
+    for conc in (int(c) for c in a.concurrency.split(",")):
+        secs = {k: 0.0 for k in runners}
+        for i in range(a.rounds):
+            for k in (list(runners) if i % 2 == 0 else list(runners)[::-1]):
+                secs[k] += asyncio.run(_pages_at(runners[k], pages, conc, 1))
+        n = a.rounds * len(pages)
+        on, off = n / secs["batching on"], n / secs["batching off"]
+        stats = runners["batching on"].coalescer.stats
+        print(f"  concurrency {conc:2d}: batching on {on:.3f} pages/s, off {off:.3f} pages/s, on/off {on / off:.3f}x "
+              f"({a.rounds} alternating rounds of {len(pages)} pages; recogniser calls so far served "
+              f"{stats['items'] / max(stats['calls'], 1):.2f} pages each, largest {stats['largest']})")
+    return 0
+
+
+def _auto_ocr(runner, max_batch: int) -> dict:
+    """What mode=auto decides for this recogniser (the measurement /ocr makes at start-up)."""
+    from pipeline.batching import DEFAULTS, decide
+
+    spec, rec = runner.spec, runner.rec
+    shape = [int(rec.input_shape[1]), int(spec.rec_pre["height"]), int(spec.rec_pre["width"])]
+    return decide(rec.run, shape, {**DEFAULTS, "max_batch": max_batch}, base=int(spec.flow["rec_batch_num"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("bundle", type=Path)
+    ap.add_argument("bundle", type=Path, nargs="?")
+    ap.add_argument("--ocr-models", action="store_true", help="the /ocr page flow on the fetched v4 models")
+    ap.add_argument("--threads", type=int, default=0, help="--ocr-models: threads per engine (0 = all cores, as /ocr)")
     ap.add_argument("--concurrency", default="1,8", help="comma-separated levels")
     ap.add_argument("--requests", type=int, default=2000, help="requests per server and level (bounded by --seconds)")
     ap.add_argument("--seconds", type=float, default=20, help="time bound per server and level")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--max-batch", type=int, default=8)
     a = ap.parse_args()
+    if a.ocr_models:
+        return ocr_flow(a)
     route, bodies = _bodies(a.bundle)
     choice = _auto_choice(a.bundle, a.max_batch)
     print(f"{a.bundle.name}: {route}; mode=auto decides here: {'on' if choice['enabled'] else 'off'} ({choice['reason']})")

@@ -12,6 +12,7 @@ achieved GFLOP/s and the done-when ratios of the fast-serving work (issue 12), w
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -97,6 +98,8 @@ def bench_model(cfg, a, console) -> dict | None:
     threads = cfg.server.threads or env.cpu_count()
     batch = a.batch or cfg.server.perf.batch_size
     engines, serving = _engines(run, info, threads)
+    gc.collect()
+    gc.freeze()          # as `serve` does once its model is loaded: the collector stops walking the runtimes' objects
     rows = registry.rank(engines, x, batch_size=batch, warmup=10, repeats=a.repeats, rounds=a.rounds)
     by = {r["engine"]: r for r in rows}
     macs = perf.program_macs(str(exp / "inference"))
@@ -125,7 +128,7 @@ def bench_model(cfg, a, console) -> dict | None:
         checks.append(("paddle-inference tuned batch-1 p50 vs eager dygraph", pi / p50[EAGER], 1.0))
         checks.append(("paddle-inference tuned batch-1 p50 vs as configured before", pi / p50[AS_BEFORE], None))
         if ortk:
-            checks.append(("paddle-inference tuned batch-1 p50 vs onnxruntime", pi / ortk, 5.0))
+            checks.append(("paddle-inference tuned batch-1 p50 vs onnxruntime", pi / ortk, 3.0))
     for what, ratio, limit in checks:
         verdict = "" if limit is None else ("[green]met[/]" if ratio <= limit else "[red]NOT met[/]")
         console.print(f"  {what}: {ratio:.2f}×" + (f" (goal ≤ {limit}×) {verdict}" if limit else ""))

@@ -96,7 +96,7 @@ def run(ctx: StageContext) -> StageResult:
     candidates = {k: e for k, e in served.items() if k in passing}
     serving = _recommend(ctx, x, candidates, tuning) if candidates else None
     if serving:
-        serving["batching"] = _batching(ctx, candidates[serving["engine"]], ref.info["input_shape"][1:])
+        serving["batching"] = _batching(ctx, candidates[serving["engine"]], ref.info["input_shape"], ref.info["preprocess"])
     info_out["serving"] = serving
     write_json(ctx.out_dir / "serving.json", serving or {})
 
@@ -302,13 +302,12 @@ def _serve_batching(ctx) -> dict:
     return ctx.cfg.serve.batching.model_dump()
 
 
-def _batching(ctx, engine, sample_shape: list) -> dict:
+def _batching(ctx, engine, input_shape: list, preprocess: dict) -> dict:
     """Would concurrent requests pay to share the recommended engine's calls (serve.batching)? Recorded for the
     bundle; `serve` measures again at start-up, on the machine that serves."""
-    from pipeline.batching import decide, describe
+    from pipeline.batching import decide, describe, served_shape
 
-    choice = decide(engine.run, [d if isinstance(d, int) and d > 0 else -1 for d in sample_shape],
-                    _serve_batching(ctx))
+    choice = decide(engine.run, served_shape(input_shape, preprocess)[1:], _serve_batching(ctx))
     log.info("[server] %s", describe(choice))
     return choice
 

@@ -132,11 +132,14 @@ def test_the_choice_is_measured_and_recorded(tiny_model):  # noqa: F811
     eng = InferenceEngine(tiny_model[0], "fp32", threads=1)
     shape = [1, H, W]
     off = decide(eng.run, shape, {"mode": "auto", "max_batch": 8, "min_saving_ms": 1e3})
-    on = decide(eng.run, shape, {"mode": "auto", "max_batch": 8, "min_saving_ms": 0.0})
     m = off["measured"]
-    assert not off["enabled"] and m["batch"] == 8 and m["batch1_ms"] > 0 and m["batchk_ms_per_sample"] > 0
-    assert on["enabled"] is (on["measured"]["saving_ms_per_sample"] >= 0)
-    assert "min_saving_ms 1000" in describe(off) and describe(off).startswith("batching off")
+    assert not off["enabled"] and m["batch"] == 8 and m["base_batch"] == 1
+    assert m["base_ms_per_sample"] > 0 and m["batchk_ms_per_sample"] > 0
+    on = decide(eng.run, shape, {"mode": "auto", "max_batch": 8, "min_saving_ms": 0.0, "min_saving_ratio": -1.0})
+    assert on["enabled"] and on["measured"]["saving_ratio"] < 1
+    assert ">= 1000 ms" in describe(off) and describe(off).startswith("batching off")
+    same = decide(eng.run, shape, {"mode": "auto", "max_batch": 6}, base=6)      # /ocr: a page's own batch
+    assert not same["enabled"] and "nothing to gain" in same["reason"]
     free = decide(eng.run, [1, -1, W], {"mode": "auto", "max_batch": 8})
     assert not free["enabled"] and "no fixed shape" in free["reason"]
     forced = decide(None, None, {"mode": "on", "max_batch": 8})

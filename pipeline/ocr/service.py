@@ -45,7 +45,9 @@ class _PageRunner:
         self.det, self.rec, self.cls, self.spec, self.pool = det, rec, cls, spec, pool
         if spec.paddleocr:
             shape = [int(rec.input_shape[1]), int(spec.rec_pre["height"]), int(spec.rec_pre["width"])]
-            self.batching = {**decide(rec.run, shape, settings), "unit": "crops per recogniser call"}
+            # a page alone already runs full batches of rec_batch_num crops: merging pays only beyond that
+            self.batching = {**decide(rec.run, shape, settings, base=int(spec.flow["rec_batch_num"])),
+                             "unit": "crops per recogniser call"}
         else:        # the built-in flow reads a page's crops in one call already
             self.batching = {**decide(None, None, {**settings, "mode": "off"}),
                              "reason": "built-in (stretch) flow: each page's crops are recognised in one call"}
