@@ -23,7 +23,8 @@ ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
-        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr
+        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr \
+        bench-batching
 
 setup: $(STAMP)
 
@@ -149,6 +150,12 @@ serve: $(STAMP)
 
 bench-deploy: $(STAMP)
 	$(PY) scripts/bench_deploy.py -c $(CONFIG) -O "$$O"
+
+# batching of concurrent requests on vs off: BUNDLE=bundles/<name> (default: the newest), or BUNDLE=ocr-models for
+# the /ocr page flow on the fetched PP-OCRv4 models
+bench-batching: $(STAMP)
+	@b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/*/ 2>/dev/null | head -n1)"; \
+	  if [ "$$b" = ocr-models ]; then $(PY) scripts/bench_batching.py --ocr-models; else $(PY) scripts/bench_batching.py "$$b"; fi
 
 bench: bench-train amp-bench bench-deploy
 

@@ -93,6 +93,11 @@ def served_shape(input_shape: list, preprocess: dict | None) -> list[int]:
     return shape
 
 
+def state(choice: dict, coalescer: "Coalescer | None") -> dict:
+    """What GET /health shows: the choice and, when on, how many requests the engine calls served."""
+    return {**choice, "stats": dict(coalescer.stats) if coalescer else None}
+
+
 def describe(choice: dict) -> str:
     """One log line."""
     state = "on" if choice.get("enabled") else "off"

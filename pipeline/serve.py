@@ -24,6 +24,7 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 from . import tempdirs
 from .errors import DataError, PipelineError
 from .batching import DEFAULTS as BATCHING, describe, served_shape
+from .batching import state as batching_state
 from .http_common import (MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer,  # noqa: F401
                           _BadRequest, _HotRoutes, _Traffic, base_app, bind, decode_refusal, free_port, image_upload,
                           read_body)
@@ -92,7 +93,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": task.name, "input": infer_cfg["input"],
-                "batching": {**runner.batching, "stats": dict(runner.coalescer.stats) if runner.coalescer else None},
+                "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
     async def predict(request: Request):

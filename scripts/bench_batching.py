@@ -1,4 +1,4 @@
-"""Batching of concurrent requests, on vs off (`make bench-batching BUNDLE=...`): `serve` started twice on one
+"""Batching of concurrent requests, on vs off (`make bench-batching [BUNDLE=bundles/<name> | BUNDLE=ocr-models]`): `serve` started twice on one
 bundle (`serve.batching.mode=on` and `=off`), the same request bodies sent to both at each concurrency level in
 alternating rounds (neighbours' load hits both alike), bounded by a request count and a time limit.
 

@@ -85,6 +85,15 @@ def _int8_ops_done(log: str) -> dict[str, int]:
     return done
 
 
+def _check_options(precision: str, device: str, ir_optim) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
+    if device not in ("cpu", "gpu"):
+        raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
+    if ir_optim not in (True, False, "plain"):
+        raise ConfigError(f"unknown ir_optim {ir_optim!r}", hint="true, false or plain")
+
+
 class InferenceEngine(Engine):
     """A paddle.inference predictor for a one-input/one-output model.
 
@@ -96,12 +105,7 @@ class InferenceEngine(Engine):
     def __init__(self, model_prefix: str | os.PathLike, precision: str = "fp32", threads: int = 2,
                  mkldnn: bool = True, ir_optim: bool | str = True, device: str = "cpu",
                  tensorrt: bool = False, max_batch: int = 64, int8_ops: Iterable[str] | None = None) -> None:
-        if precision not in PRECISIONS:
-            raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
-        if device not in ("cpu", "gpu"):
-            raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
-        if ir_optim not in (True, False, "plain"):
-            raise ConfigError(f"unknown ir_optim {ir_optim!r}", hint="true, false or plain")
+        _check_options(precision, device, ir_optim)
         plain = ir_optim == "plain" and device == "cpu" and precision == "fp32"
         mkldnn = mkldnn and not plain
         super().__init__()

@@ -79,6 +79,7 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     serve.create_app_from_model."""
     from .. import env
     from ..batching import DEFAULTS
+    from ..batching import state as batching_state
     from ..bundle import load_infer_config
     from .system_bundle import served_system
 
@@ -96,7 +97,7 @@ def create_ocr_app(folder: Path, *, threads: int = 0, max_body: int = MAX_BODY_B
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"), "engine": det.kind,
-                "batching": {**runner.batching, "stats": dict(runner.coalescer.stats) if runner.coalescer else None},
+                "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
     @app.post("/ocr")
