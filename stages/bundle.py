@@ -140,6 +140,11 @@ def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path) ->
     if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
         _copy(server_dir / "onnx" / "model.onnx", b / bundle_layout.ONNX_MODEL)
         models["onnx"] = bundle_layout.ONNX_MODEL
+    for src, dst in bundle_layout.SERVER_STAGE_MODELS.items():   # ORT / OpenVINO int8: servable when recommended
+        if (server_dir / src).is_file():
+            _copy(server_dir / src, b / dst)
+            if dst.endswith((".onnx", ".xml")):
+                models[PurePosixPath(src).parent.name + "_int8"] = dst
     for nb in sorted(lite_dir.glob("*.nb")):
         _copy(nb, b / _mobile_path(nb.name))
         models[f"lite_{nb.stem}"] = _mobile_path(nb.name)
@@ -188,5 +193,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
-              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py"),
+              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py",
+                                                "pipeline/serving.py", "pipeline/bundle_layout.py"),
               description="self-describing bundle, verified and published")
