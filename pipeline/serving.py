@@ -18,9 +18,9 @@ from pathlib import Path
 from . import bundle_layout
 from .engines.base import Engine
 from .errors import ConfigError, MissingArtifact
+from .recommend import SERVABLE
 
 MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (stages/system.py imports this name)
-PRECISIONS = ("fp32", "bf16", "int8", "fp16")
 _DEFAULT_SETTINGS = {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
 log = logging.getLogger("pipeline.serve")
 
@@ -34,8 +34,9 @@ def serving_choice(infer_cfg: dict, override: str | None = None, precision: str 
         raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(MODEL_PATHS)}")
     same_engine = kind == rec.get("engine")
     prec = precision or ((rec.get("precision") or "fp32") if same_engine else "fp32")
-    if prec not in PRECISIONS:
-        raise ConfigError(f"unknown precision {prec!r}", hint=f"one of {', '.join(PRECISIONS)}")
+    if (kind, prec) not in SERVABLE:
+        able = sorted(p for k, p in SERVABLE if k == kind)
+        raise ConfigError(f"{kind} does not serve {prec!r}", hint=f"--precision {' | '.join(able)} for {kind}")
     if same_engine and prec == (rec.get("precision") or "fp32") and "batch1" in (rec.get("settings") or {}):
         return kind, prec, rec["settings"]
     tuned = rec.get("tuning", {}).get(kind) or {}

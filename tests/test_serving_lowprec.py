@@ -27,6 +27,7 @@ def _samples(folder: Path, cfg: dict) -> np.ndarray:
 
 # ------------------------------------------------------------------ the smoke chain's record (session fixture)
 
+@pytest.mark.slow
 def test_record_explains_the_choice_either_way(smoke_chain):
     serving = json.loads((smoke_chain / "server" / "serving.json").read_text())
     gates = {g["subject"]: g for g in json.loads((smoke_chain / "server" / "manifest.json").read_text())["gates"]}
@@ -52,6 +53,7 @@ def test_record_explains_the_choice_either_way(smoke_chain):
         assert cands["openvino bf16"]["verdict"] == cands["paddle-inference bf16"]["verdict"] == "skipped"
 
 
+@pytest.mark.slow
 def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
     """Same rows, budget opened: every int8 row with evidence becomes a candidate (the screen reads real gates)."""
     from pipeline.gates import Gate
@@ -66,6 +68,7 @@ def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
 
 # ------------------------------------------------------------------ serve / verify load what was recommended
 
+@pytest.mark.slow
 def test_old_style_bundles_still_load(smoke_bundle):
     from pipeline.serving import load_engine, serving_choice
 
@@ -80,6 +83,7 @@ def test_old_style_bundles_still_load(smoke_bundle):
         assert eng.effective_precision == "fp32" and np.abs(eng.run(x) - expected).max() < 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["paddle-inference", "onnxruntime", "openvino"])
 def test_int8_rows_are_served_from_their_own_files(smoke_bundle, kind):
     from pipeline.serving import load_engine
@@ -95,6 +99,7 @@ def test_int8_rows_are_served_from_their_own_files(smoke_bundle, kind):
     assert evidence.head(over.effective_precision) == evidence.head(eng.effective_precision)
 
 
+@pytest.mark.slow
 def test_bf16_without_a_bf16_cpu_serves_fp32(smoke_bundle, monkeypatch):
     from pipeline.serving import load_engine
 
@@ -106,6 +111,7 @@ def test_bf16_without_a_bf16_cpu_serves_fp32(smoke_bundle, monkeypatch):
         assert eng.effective_precision == "fp32", kind
 
 
+@pytest.mark.slow
 def test_verify_holds_the_served_row_to_its_own_tolerance(smoke_bundle, tmp_path):
     from pipeline.verify_model import verify_model_folder
 
