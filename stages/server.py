@@ -63,8 +63,8 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     gate.extra.update(engine.perf(x, ctx.batches["perf"], warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
     if hasattr(task, "agreement") and np.isfinite(out).all():   # the strict share is what the serving budget reads
-        name, _, strict = task.agreement(out, ref_out, None)
-        gate.extra["agreement"] = {"name": name, "strict": round(float(strict), 6)}
+        measure, _, strict = task.agreement(out, ref_out, None)
+        gate.extra["agreement"] = {"name": measure, "strict": round(float(strict), 6)}
     gate.extra["evidence"] = proof                    # what proves the effective precision
     gate.extra["settings"] = dict(engine.settings)
     if getattr(engine, "int8_quantized", None):

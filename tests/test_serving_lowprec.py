@@ -182,3 +182,35 @@ def test_openvino_bf16_label_follows_the_runtime_model(tmp_path, monkeypatch):
     x = np.random.RandomState(1).randn(2, 1, 8, 8).astype(np.float32)
     if "bf16" not in ops:
         assert np.array_equal(eng.run(x), fp32.run(x))
+
+
+@pytest.mark.slow
+def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
+    """The server stage's HTTP row on an int8 recommendation: subject, precision and tolerance are int8's."""
+    from pipeline.engines import registry
+    from pipeline.reference import load_reference
+    from stages.server import _http_row
+
+    cfg = load_config([Path("configs/smoke.yaml")], ["server.http.max_requests=8"])
+    ref = load_reference(smoke_chain / "export")
+    eng = registry.make_routed("onnxruntime", smoke_chain / "server" / "onnx" / "model_int8.onnx", "int8",
+                               {"batch1": {"threads": 1}, "batchN": {"threads": 1}})
+    g = _http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
+    assert g.subject == "http /predict int8" and g.precision_requested == "int8"
+    assert g.precision_effective == eng.effective_precision and g.extra["engine"] == "onnxruntime"
+    assert g.status == "OK", g.reason
+    assert any(c.key.startswith("server.gates.int8") for c in g.checks)
+
+
+@pytest.mark.slow
+def test_bundle_manifest_and_card_say_what_is_served(smoke_bundle):
+    folder, _ = smoke_bundle
+    served = json.loads((folder / "manifest.json").read_text())["serving"]
+    serving = _cfg(folder)["serving"]
+    assert {k: served[k] for k in ("engine", "precision", "row", "why")} == \
+        {k: serving[k] for k in ("engine", "precision", "row", "why")}
+    assert f"runs **{served['engine']} {served['precision']}**" in (folder / "MODEL_CARD.md").read_text()
+    from pipeline.serving import load_engine
+
+    assert (folder / serving["model"]).exists() or (folder / (serving["model"] + ".pdmodel")).exists()
+    assert evidence.head(load_engine(folder, _cfg(folder)).effective_precision) in (serving["precision"], "fp32")
