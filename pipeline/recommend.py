@@ -26,8 +26,10 @@ class Candidate:
     row: str                        # the server gate's subject, e.g. "onnxruntime int8"
     engine: str
     precision: str
-    verdict: str                    # chosen | candidate | failed gate | skipped | not allowed | emulated |
-    detail: str = ""                # no evidence | over budget | not faster | slower
+    # chosen | slower | not faster | over budget | no evidence | emulated | skipped | failed gate | not allowed |
+    # failed to load | not compared; "candidate" only between screen() and choose()
+    verdict: str
+    detail: str = ""                # why (every verdict but "chosen" says it)
     metric: float | None = None         # the row's primary metric on the gate slice
     metric_drop: float | None = None
     agreement: float | None = None

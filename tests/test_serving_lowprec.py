@@ -36,7 +36,7 @@ def test_record_explains_the_choice_either_way(smoke_chain):
     assert {"paddle-inference int8", "onnxruntime int8", "openvino int8"} <= set(cands)     # int8 was allowed
     for c in cands.values():
         assert c["verdict"] in ("chosen", "slower", "not faster", "over budget", "no evidence", "emulated",
-                                "skipped", "failed gate", "not allowed"), c
+                                "skipped", "failed gate", "not allowed", "failed to load"), c
         assert c["verdict"] == "chosen" or c["detail"], c         # every verdict says why
     fp32 = serving["fp32"]
     assert fp32["row"].endswith(" fp32") and fp32["latency_ms_p50"] > 0 and fp32["metric"] is not None
