@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import contextlib
+import gc
 import time
 import io
 import logging
@@ -159,9 +160,9 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
     batch_size = min(batch_size, len(x))
     batch_nums = min(batch_nums, math.ceil(len(x) / batch_size))
     model_dir, base = os.path.split(os.path.abspath(model_prefix))
+    scope = paddle.static.Scope()  # PTQ loads params via the executor into the *guarded* scope
     paddle.enable_static()
     try:
-        scope = paddle.static.Scope()  # PTQ loads params via the executor into the *guarded* scope
         # Fresh name counter: otherwise the fetch var is named ...scale_0.tmp_N, N = PTQ runs so far.
         with _quiet() as log, paddle.static.scope_guard(scope), paddle.utils.unique_name.guard():
             loader = paddle.io.DataLoader(_CalibSet(feed, x), batch_size=batch_size, shuffle=False,
@@ -181,6 +182,8 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
                                     hint=" | ".join(tail) or "check the model and calibration data") from e
     finally:
         paddle.disable_static()
+        del scope
+        gc.collect()    # the scope holds every calibration activation of a batch: give it back before the gate runs
     prefix = out_dir / "model"
     _files(prefix)  # PaddleSlim returned without writing: surface it here, not at load time
     return str(prefix)
