@@ -391,13 +391,39 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",)
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 
-def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common) -> dict:
-    """Rank layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with
-    the int8 gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
+def _int8_judge(ctx, task, x, ref_out, labels, ref_metric, tol, common, precision: str = "int8"):
+    """prefix -> the int8 gate's verdict on that quantized program, run as `precision` ("fp32": the fake-quant
+    program simulated in fp32, i.e. what the calibration alone gives)."""
     from pipeline.engines import paddle_infer as pi
+
+    metric = task.primary_metric
+
+    def judge(p: str) -> dict:
+        out = pi.InferenceEngine(p, precision, **common).run_batched(x, ctx.batches["gate"])
+        value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
+        g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
+                         tol, value, task, key="server.gates.int8")
+        return {"passed": g.status == "OK", metric: value, "reason": g.reason}
+    return judge
+
+
+def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common) -> dict:
+    """First the calibration alone (the fake-quant program in fp32): if it passes, the loss is Paddle
+    Inference's int8 path and no skip set ranked on that program can find it: say so and stop. Else rank
+    layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with the int8
+    gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
     from pipeline.engines import quant
 
     q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
+    args = (ctx, task, x, ref_out, labels, ref_metric, tol, common)
+    sim = _int8_judge(*args, precision="fp32")(qprefix)
+    if sim["passed"]:
+        msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes ({metric} "
+               f"{sim[metric]:.4f} vs fp32 {ref_metric:.4f}), so the loss is in Paddle Inference's oneDNN int8 path "
+               "and skipping layers ranked on that program cannot find it; serve the ONNX Runtime/OpenVINO int8 rows "
+               "if they passed, or drop int8 from server.precisions")
+        return {"simulated": sim, "message": msg, "seconds": round(time.perf_counter() - t0, 1),
+                "stopped": "engine"}
     # every layer's input and output of both programs at once: as many samples as a calibration batch holds
     ranked = quant.rank_layers(prefix, qprefix, x[:min(32, ctx.batches["calib"])], q.op_types, quant._WEIGHT_SLOT)
 
@@ -406,30 +432,26 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
                                   batch_size=ctx.batches["calib"], batch_nums=q.batch_nums, onnx_format=q.onnx_format,
                                   skip_tensor_list=sorted(set(skip) | set(q.skip)), quantizable_op_type=q.op_types)
 
-    def judge(p: str) -> dict:
-        out = pi.InferenceEngine(p, "int8", **common).run_batched(x, ctx.batches["gate"])
-        value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
-        g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
-                         tol, value, task, key="server.gates.int8")
-        return {"passed": g.status == "OK", metric: value, "reason": g.reason}
+    res = quant.advise(ranked, requantize, _int8_judge(*args),
+                       budget_s=max(0.0, q.sensitivity_budget_s - (time.perf_counter() - t0)))
+    return {"simulated": sim, "ranked": ranked[:10], "trials": res["trials"], "recommended": res["recommended"],
+            "message": _advice_message(q, metric, ref_metric, ranked, res), "seconds": round(time.perf_counter() - t0, 1),
+            "stopped": res["stopped"]}
 
-    res = quant.advise(ranked, requantize, judge, budget_s=max(0.0, q.sensitivity_budget_s - (time.perf_counter() - t0)))
-    seconds = round(time.perf_counter() - t0, 1)
+
+def _advice_message(q, metric: str, ref_metric: float, ranked: list[dict], res: dict) -> str:
     top = ", ".join(f"{r['layer']} ({r['op']}, +{r['added_error']:.3f})" for r in ranked[:3])
     if res["recommended"]:
         skip = sorted(set(res["recommended"]) | set(q.skip))
         best = res["trials"][-1]
-        msg = (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
-               f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
-    else:
-        tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
-        if res["stopped"] == "budget":
-            tried += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
-        best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
-        msg = (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
-               f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
-               f"calibration: server.quant.algo=mse or avg (now {q.algo}), more batches server.quant.batch_nums "
-               f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
-               "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")
-    return {"ranked": ranked[:10], "trials": res["trials"], "recommended": res["recommended"], "message": msg,
-            "seconds": seconds, "stopped": res["stopped"]}
+        return (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
+                f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
+    tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
+    if res["stopped"] == "budget":
+        tried += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
+    best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
+    return (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
+            f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
+            f"calibration: server.quant.algo=mse or abs_max (now {q.algo}), more batches server.quant.batch_nums "
+            f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
+            "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")
