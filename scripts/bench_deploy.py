@@ -141,10 +141,10 @@ def _print_int8_speed(run: Path, console) -> None:
     for g in gates:
         sp = (g.get("extra") or {}).get("speed_vs_fp32")
         if sp:
-            slow = min(sp["batch1"], sp["batchN"]) <= 1.0
+            slow = [f"batch {n}" for k, n in (("batch1", 1), ("batchN", sp["batch"])) if sp[k] <= 1.0]
             console.print(f"  {g['subject']} vs its fp32 (fp32 time / int8 time, server stage): batch 1 "
                           f"{sp['batch1']:.2f}×, batch {sp['batch']} {sp['batchN']:.2f}×"
-                          + (" [yellow]int8 not faster: not worth serving for speed[/]" if slow else ""))
+                          + (f" [yellow]int8 not faster at {' and '.join(slow)}[/]" if slow else ""))
 
 
 def bench_http(cfg, a, console, res: dict) -> None:
