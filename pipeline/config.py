@@ -147,7 +147,9 @@ class QuantCfg(Section):
     batch_nums: int = PosInt
     onnx_format: bool
     skip: list[str]
+    op_types: list[Literal["conv2d", "depthwise_conv2d", "conv2d_transpose", "mul", "matmul", "matmul_v2"]]
     sensitivity_on_fail: bool
+    sensitivity_budget_s: float = Field(gt=0)
 
 
 class PerfCfg(Section):

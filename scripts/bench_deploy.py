@@ -132,7 +132,22 @@ def bench_model(cfg, a, console) -> dict | None:
     for what, ratio, limit in checks:
         verdict = "" if limit is None else ("[green]met[/]" if ratio <= limit else "[red]NOT met[/]")
         console.print(f"  {what}: {ratio:.2f}×" + (f" (goal ≤ {limit}×) {verdict}" if limit else ""))
+    _print_int8_speed(run, console)
     return {"run": run, "rows": rows, "recommended": rec, "p50": p50, "engines": engines}
+
+
+def _print_int8_speed(run: Path, console) -> None:
+    """Each int8 row's speed against its own fp32 engine, as the server stage measured it (interleaved, same
+    threads; gate.extra["speed_vs_fp32"], what the recommendation reads): below 1x int8 buys nothing."""
+    manifest = run / "server" / "manifest.json"
+    gates = json.loads(manifest.read_text()).get("gates", []) if manifest.is_file() else []
+    for g in gates:
+        sp = (g.get("extra") or {}).get("speed_vs_fp32")
+        if sp:
+            slow = [f"batch {n}" for k, n in (("batch1", 1), ("batchN", sp["batch"])) if sp[k] <= 1.0]
+            console.print(f"  {g['subject']} vs its fp32 (fp32 time / int8 time, server stage): batch 1 "
+                          f"{sp['batch1']:.2f}×, batch {sp['batch']} {sp['batchN']:.2f}×"
+                          + (f" [yellow]int8 not faster at {' and '.join(slow)}[/]" if slow else ""))
 
 
 def bench_http(cfg, a, console, res: dict) -> None:

@@ -34,11 +34,14 @@ def _threads(cfg) -> int:
 def batch_sizes(cfg, prefix, x) -> dict:
     """Batches that fit server.memory_budget_mb for this model (gate runs, throughput, calibration)."""
     from pipeline.engines.perf import batch_for
+    from pipeline.engines.quant import calib_batch
 
     sc, shape = cfg.server, list(x.shape)
     return {"gate": batch_for(prefix, shape, sc.memory_budget_mb, 64),
             "perf": batch_for(prefix, shape, sc.memory_budget_mb, sc.perf.batch_size),
-            "quant": batch_for(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
+            "quant": batch_for(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size),
+            # PTQ keeps every activation of the batch alive (no memory reuse): sized by the program's full footprint
+            "calib": calib_batch(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
 
 
 def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
@@ -267,7 +270,36 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args) -> Gate:
     eng = registry.make(kind, model, "int8", threads=threads)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["int8"], "int8")
     gate.extra["ptq"] = qinfo
+    _speed_vs_fp32(ctx, gate, eng, registry.make(kind, onnx_file, "fp32", threads=threads), x)
     return gate
+
+
+def speed_vs_fp32(int8_eng, fp32_eng, x, *, batch: int, warmup: int, repeats: int, rounds: int) -> dict:
+    """fp32 time / int8 time at batch 1 (p50) and at `batch` (samples/s), the two engines measured
+    interleaved with the same settings: > 1 means int8 is faster; what the recommendation reads."""
+    from pipeline.engines import registry
+
+    rows = {r["engine"]: r for r in registry.rank({"fp32": fp32_eng, "int8": int8_eng}, x, batch_size=batch,
+                                                    warmup=warmup, repeats=repeats, rounds=rounds)}
+    f, q = rows["fp32"], rows["int8"]
+    return {"batch1": round(f["latency_ms"]["p50"] / q["latency_ms"]["p50"], 3),
+            "batchN": round(q["throughput_sps"] / f["throughput_sps"], 3), "batch": batch,
+            "fp32": {"p50_ms": round(f["latency_ms"]["p50"], 4), "sps": round(f["throughput_sps"], 1)},
+            "int8": {"p50_ms": round(q["latency_ms"]["p50"], 4), "sps": round(q["throughput_sps"], 1)},
+            "how": f"interleaved, {rounds} rounds, same threads"}
+
+
+def _speed_vs_fp32(ctx, gate: Gate, int8_eng, fp32_eng, x) -> None:
+    """gate.extra["speed_vs_fp32"]; a note when int8 is not faster, so no reader takes int8 for speed."""
+    sc = ctx.cfg.server
+    sp = speed_vs_fp32(int8_eng, fp32_eng, x, batch=ctx.batches["perf"], warmup=sc.perf.warmup,
+                       repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
+    gate.extra["speed_vs_fp32"] = sp
+    slow = [f"x{sp[k]} at batch {n}" for k, n in (("batch1", 1), ("batchN", sp["batch"])) if sp[k] <= 1.0]
+    if slow:
+        note = f"int8 not faster than fp32: {', '.join(slow)} (fp32 time / int8 time, interleaved)"
+        gate.extra.setdefault("notes", []).append(note)
+        log.info("[server] %s: %s", gate.subject, note)
 
 
 def _openvino_bf16_row(ctx, task, onnx_file, args) -> Gate:
@@ -439,14 +471,18 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
     from pipeline.engines import paddle_infer as pi
     from pipeline.engines import quant
 
-    q = ctx.cfg.server.quant
+    q, t0 = ctx.cfg.server.quant, time.perf_counter()
     out_dir = ctx.out_dir / "models" / "int8"
-    qprefix = quant.quantize_ptq(prefix, out_dir, calib, algo=q.algo, batch_size=ctx.batches["quant"],
-                                 batch_nums=q.batch_nums, onnx_format=q.onnx_format, skip_tensor_list=q.skip or None)
+    qprefix = quant.quantize_ptq(prefix, out_dir, calib, algo=q.algo, batch_size=ctx.batches["calib"],
+                                 batch_nums=q.batch_nums, onnx_format=q.onnx_format, skip_tensor_list=q.skip or None,
+                                 quantizable_op_type=q.op_types)
+    ptq_s = round(time.perf_counter() - t0, 1)
     eng = pi.InferenceEngine(qprefix, "int8", **common)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, tol, "int8")
-    gate.extra["ptq"] = {"algo": q.algo, "calibration_samples": int(min(len(calib), ctx.batches["quant"] * q.batch_nums)),
-                         "skipped_layers": list(q.skip)}
+    gate.extra["ptq"] = {"algo": q.algo, "op_types": list(q.op_types), "batch_size": ctx.batches["calib"],
+                         "calibration_samples": int(min(len(calib), ctx.batches["calib"] * q.batch_nums)),
+                         "skipped_layers": list(q.skip), "seconds": ptq_s}
+    _speed_vs_fp32(ctx, gate, eng, pi.InferenceEngine(prefix, "fp32", **common), x)
     if gate.status == FAIL and q.sensitivity_on_fail:
         log.info("[server] int8 gate failed: ranking layers and checking skip sets (server.quant.sensitivity_on_fail)")
         try:
@@ -455,6 +491,7 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
             advice = {"message": f"int8 advice failed: {type(exc).__name__}: {exc}"}
         gate.extra["int8_advice"] = advice
         gate.reason += f"; {advice['message']}"
+    gate.seconds = round(time.perf_counter() - t0, 2)      # PTQ + gate + speed (+ advice): what the row costs
     return gate
 
 
@@ -468,42 +505,67 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", 
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 
-def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common) -> dict:
-    """Rank layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with
-    the int8 gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
+def _int8_judge(ctx, task, x, ref_out, labels, ref_metric, tol, common, precision: str = "int8"):
+    """prefix -> the int8 gate's verdict on that quantized program, run as `precision` ("fp32": the fake-quant
+    program simulated in fp32, i.e. what the calibration alone gives)."""
     from pipeline.engines import paddle_infer as pi
-    from pipeline.engines import quant
 
-    q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
-    ranked = quant.rank_layers(prefix, qprefix, x[:32], quant.DEFAULT_OP_TYPES, quant._WEIGHT_SLOT)
-
-    def requantize(skip: list[str]) -> str:
-        return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,
-                                  batch_size=ctx.batches["quant"], batch_nums=q.batch_nums, onnx_format=q.onnx_format,
-                                  skip_tensor_list=sorted(set(skip) | set(q.skip)))
+    metric = task.primary_metric
 
     def judge(p: str) -> dict:
-        out = pi.InferenceEngine(p, "int8", **common).run_batched(x, ctx.batches["gate"])
+        out = pi.InferenceEngine(p, precision, **common).run_batched(x, ctx.batches["gate"])
         value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
         g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
                          tol, value, task, key="server.gates.int8")
         return {"passed": g.status == "OK", metric: value, "reason": g.reason}
+    return judge
 
-    res = quant.advise(ranked, requantize, judge)
-    seconds = round(time.perf_counter() - t0, 1)
+
+def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metric, tol, common) -> dict:
+    """First the calibration alone (the fake-quant program in fp32): if it passes, the loss is Paddle
+    Inference's int8 path and no skip set ranked on that program can find it: say so and stop. Else rank
+    layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with the int8
+    gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
+    from pipeline.engines import quant
+
+    q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
+    args = (ctx, task, x, ref_out, labels, ref_metric, tol, common)
+    sim = _int8_judge(*args, precision="fp32")(qprefix)
+    if sim["passed"]:
+        msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes ({metric} "
+               f"{sim[metric]:.4f} vs fp32 {ref_metric:.4f}), so the loss is in Paddle Inference's oneDNN int8 path "
+               "and skipping layers ranked on that program cannot find it; serve the ONNX Runtime/OpenVINO int8 rows "
+               "if they passed, or drop int8 from server.precisions")
+        return {"simulated": sim, "message": msg, "seconds": round(time.perf_counter() - t0, 1),
+                "stopped": "engine"}
+    # every layer's input and output of both programs at once: as many samples as a calibration batch holds
+    ranked = quant.rank_layers(prefix, qprefix, x[:min(32, ctx.batches["calib"])], q.op_types, quant._WEIGHT_SLOT)
+
+    def requantize(skip: list[str]) -> str:
+        return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,
+                                  batch_size=ctx.batches["calib"], batch_nums=q.batch_nums, onnx_format=q.onnx_format,
+                                  skip_tensor_list=sorted(set(skip) | set(q.skip)), quantizable_op_type=q.op_types)
+
+    res = quant.advise(ranked, requantize, _int8_judge(*args),
+                       budget_s=max(0.0, q.sensitivity_budget_s - (time.perf_counter() - t0)))
+    return {"simulated": sim, "ranked": ranked[:10], "trials": res["trials"], "recommended": res["recommended"],
+            "message": _advice_message(q, metric, ref_metric, ranked, res), "seconds": round(time.perf_counter() - t0, 1),
+            "stopped": res["stopped"]}
+
+
+def _advice_message(q, metric: str, ref_metric: float, ranked: list[dict], res: dict) -> str:
     top = ", ".join(f"{r['layer']} ({r['op']}, +{r['added_error']:.3f})" for r in ranked[:3])
     if res["recommended"]:
         skip = sorted(set(res["recommended"]) | set(q.skip))
         best = res["trials"][-1]
-        msg = (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
-               f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
-    else:
-        tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
-        best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
-        msg = (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
-               f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
-               f"calibration: server.quant.algo=mse or avg (now {q.algo}), more batches server.quant.batch_nums "
-               f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
-               "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")
-    return {"ranked": ranked[:10], "trials": res["trials"], "recommended": res["recommended"], "message": msg,
-            "seconds": seconds}
+        return (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
+                f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
+    tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
+    if res["stopped"] == "budget":
+        tried += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
+    best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
+    return (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
+            f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
+            f"calibration: server.quant.algo=mse or abs_max (now {q.algo}), more batches server.quant.batch_nums "
+            f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
+            "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")

@@ -154,7 +154,7 @@ def test_int8_ptq_agrees_with_fp32(tiny):
     eng = InferenceEngine(q, precision="int8")
     assert eng.effective_precision == "int8" and eng.int8_quantized
     placed = eng.op_precisions["int8"]                 # the label follows what oneDNN really quantized
-    assert "ops in int8" in eng.evidence["optimized_program"] and ("fc" in placed) == caps.has_vnni(), (placed, eng.notes)
+    assert "ops in int8" in eng.evidence["optimized_program"] and "fc" not in placed, (placed, eng.notes)
     fp32 = InferenceEngine(tiny["prefix"])
     ref, out = fp32.run(tiny["val"]), eng.run(tiny["val"])
     agree = float((ref.argmax(1) == out.argmax(1)).mean())
@@ -163,6 +163,104 @@ def test_int8_ptq_agrees_with_fp32(tiny):
         quantize_ptq(tiny["prefix"], tiny["dir"] / "bad", tiny["calib"], algo="min_max")
     with pytest.raises(PipelineError, match="quantize"):  # int8 needs a quant model
         InferenceEngine(tiny["prefix"], precision="int8")
+
+
+def _optimized_fc_attrs(qprefix: str, ops: set) -> list[dict]:
+    """fc ops of the program Paddle Inference really runs with oneDNN int8 on `ops`."""
+    import tempfile
+    from pathlib import Path
+
+    from paddle import inference as pinf
+
+    from pipeline.engines.program import parse
+
+    cfg = pinf.Config(qprefix + ".pdmodel", qprefix + ".pdiparams")
+    cfg.disable_glog_info()
+    cfg.enable_mkldnn()
+    cfg.enable_mkldnn_int8(ops)
+    with tempfile.TemporaryDirectory() as d:
+        cfg.set_optim_cache_dir(d)
+        cfg.enable_save_optim_model(True)
+        pinf.create_predictor(cfg)
+        desc = parse(sorted(Path(d).glob("*.pdmodel"))[0])
+    return [{a.name: list(a.floats) for a in op.attrs if a.name == "Scale_weights"}
+            for op in desc.blocks[0].ops if op.type == "fc"]
+
+
+def test_paddle_int8_fc_weight_scales_are_still_misread(tiny):
+    """Why oneDNN int8 never gets fc (paddle_infer._INT8_SAFE_OPS): Paddle 2.6 scales fc weights per output
+    channel from the [in, out] weight read as [out, in]. If this fails, Paddle fixed it: re-measure fc in int8."""
+    q = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-fc", tiny["calib"], algo="abs_max", batch_size=32,
+                     batch_nums=2)
+    (fc,) = _optimized_fc_attrs(q, {"conv2d", "fc"})
+    w = tiny["net"].fc.weight.numpy()                             # [in, out]
+    wrong = 127 / np.abs(w.reshape(w.shape[1], w.shape[0])).max(1)
+    right = 127 / np.abs(w).max(0)
+    got = np.asarray(fc["Scale_weights"])
+    assert got.shape == right.shape
+    assert np.allclose(got, wrong, rtol=0.02) and not np.allclose(got, right, rtol=0.02)
+
+
+def test_ptq_op_types_and_skip_list(tiny):
+    conv_only = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-conv", tiny["calib"], algo="abs_max", batch_size=32,
+                             batch_nums=1, quantizable_op_type=("conv2d",), skip_tensor_list=["conv2d_1.w_0"])
+    from pipeline.engines.quant import quantized_layers
+    assert quantized_layers(conv_only) == ["conv2d_0.w_0"]        # the fc and the skipped conv stay fp32
+    assert quantized_layers(quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-all", tiny["calib"], algo="abs_max",
+                                         batch_size=32, batch_nums=1)) == quantizable_layers(tiny["prefix"])
+    eng = InferenceEngine(conv_only, precision="int8")
+    assert eng.op_precisions["int8"].get("fused_conv2d") == 1, eng.op_precisions
+    with pytest.raises(ConfigError, match="linear_0.w_0"):     # a skip entry must name a quantizable weight
+        quantize_ptq(tiny["prefix"], tiny["dir"] / "bad-skip", tiny["calib"], quantizable_op_type=("conv2d",),
+                     skip_tensor_list=["linear_0.w_0"])
+
+
+def test_calibration_batch_follows_the_program_footprint(tmp_path):
+    from pipeline.engines.quant import PTQ_COPIES, calib_batch, program_footprint_bytes
+
+    paddle.seed(0)
+    with paddle.utils.unique_name.guard():
+        net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.ReLU(), paddle.nn.Conv2D(8, 4, 1))
+    prefix = str(tmp_path / "det")          # height and width dynamic, as an exported detector
+    paddle.jit.save(net, prefix, input_spec=[paddle.static.InputSpec([None, 3, None, None], "float32", "x")])
+    small, big = program_footprint_bytes(prefix, [1, 3, 64, 64]), program_footprint_bytes(prefix, [1, 3, 128, 128])
+    assert small >= 4 * 64 * 64 * (3 + 8 + 8 + 4) and big == pytest.approx(4 * small, rel=1e-3)   # H and W both scale
+    per_mb = PTQ_COPIES * big / 2 ** 20
+    assert calib_batch(prefix, [1, 3, 128, 128], int(10 * per_mb) + 1, 32) == 10
+    assert calib_batch(prefix, [1, 3, 128, 128], 1, 32) == 1 and calib_batch(prefix, [1, 3, 64, 64], 10 ** 6, 32) == 32
+
+
+def test_sensitivity_search_stops_at_its_time_budget():
+    import time
+
+    from pipeline.engines.quant import advise
+
+    ranked = [{"layer": f"w{i}"} for i in range(16)]
+    slow = {"calls": 0}
+
+    def judge(prefix):
+        slow["calls"] += 1
+        time.sleep(0.2)
+        return {"passed": False}
+
+    res = advise(ranked, lambda skip: f"q{len(skip)}", judge, max_trials=4, budget_s=0.3)
+    assert res["stopped"] == "budget" and res["recommended"] is None
+    assert [len(t["skip"]) for t in res["trials"]] == [1, 2] and slow["calls"] == 2
+    assert advise(ranked, lambda s: "q", judge, budget_s=0)["trials"] == []
+    ok = advise(ranked, lambda s: "q", lambda p: {"passed": True}, budget_s=10)
+    assert ok["stopped"] == "passed" and ok["recommended"] == ["w0"]
+
+
+def test_int8_speed_vs_fp32_is_recorded_as_time_ratios(tiny):
+    from stages.server import speed_vs_fp32
+
+    q = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-speed", tiny["calib"], algo="abs_max", batch_size=32,
+                     batch_nums=1)
+    sp = speed_vs_fp32(InferenceEngine(q, "int8", threads=1), InferenceEngine(tiny["prefix"], threads=1),
+                       tiny["val"], batch=16, warmup=1, repeats=4, rounds=2)
+    assert set(sp) >= {"batch1", "batchN", "fp32", "int8"} and sp["batch"] == 16
+    assert sp["batch1"] == pytest.approx(sp["fp32"]["p50_ms"] / sp["int8"]["p50_ms"], rel=0.01)
+    assert sp["batchN"] == pytest.approx(sp["int8"]["sps"] / sp["fp32"]["sps"], rel=0.01)
 
 
 @pytest.mark.parametrize("bad", [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import contextlib
+import gc
 import time
 import io
 import logging
@@ -69,6 +70,43 @@ def quantizable_layers(model_prefix: str | os.PathLike,
     return [name for name, _ in _weight_ops(model_prefix, quantizable_op_type)]
 
 
+# PaddleSlim's PTQ makes every activation persistable (no memory reuse) and fetches them all to numpy each batch,
+# where the histogram pass takes |x| copies: budget 3x the program's full footprint per sample. Measured peaks
+# (whole process, Paddle itself included): PP-OCRv4 rec, 9 lines x 150 MB: 2.4-2.7 GB (3x says 4.0); v4 det 736x736,
+# 1 page x 743 MB: 3.0 GB (the 9-page batch of the old activation estimate reached 19 GB).
+PTQ_COPIES = 3
+
+
+def program_footprint_bytes(model_prefix: str | os.PathLike, input_shape: Sequence[int]) -> int:
+    """Bytes of every non-persistable float var for one sample of `input_shape`, from Paddle's own shape
+    inference on the program (PP-OCRv4 det at 736x736: 743 MB; rec 48x320: 150 MB). Ops whose shapes do not
+    infer keep their recorded dims (-1 counted as 1)."""
+    from paddle.base import core
+
+    shape = [1, *[int(d) for d in input_shape[1:]]]
+    paddle.enable_static()
+    try:
+        prog = paddle.static.Program.parse_from_string(Path(f"{model_prefix}.pdmodel").read_bytes())
+        block = prog.global_block()
+        block.var(_feed_name(_program_desc(model_prefix).blocks[0], model_prefix)).desc.set_shape(shape)
+        for op in block.ops:
+            if op.type not in ("feed", "fetch"):
+                with contextlib.suppress(Exception):      # e.g. shape-from-tensor ops: recorded dims stay
+                    op.desc.infer_shape(block.desc)
+        floats = (paddle.float32, paddle.float16)
+        return int(sum(math.prod(abs(d) for d in v.shape) * (2 if v.dtype == paddle.float16 else 4)
+                       for v in block.vars.values()
+                       if not v.persistable and v.type == core.VarDesc.VarType.LOD_TENSOR and v.dtype in floats))
+    finally:
+        paddle.disable_static()
+
+
+def calib_batch(model_prefix: str | os.PathLike, input_shape: Sequence[int], budget_mb: int, wanted: int) -> int:
+    """The largest calibration batch <= wanted whose PTQ peak (PTQ_COPIES x footprint) fits budget_mb (>= 1)."""
+    per = max(1, PTQ_COPIES * program_footprint_bytes(model_prefix, input_shape))
+    return max(1, min(int(wanted), int(budget_mb * 2 ** 20 // per)))
+
+
 class _CalibSet(paddle.io.Dataset):
     # quant_post_static only accepts a paddle.io.DataLoader; samples keyed by feed name.
     def __init__(self, feed: str, x: np.ndarray) -> None:
@@ -124,9 +162,9 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
     batch_size = min(batch_size, len(x))
     batch_nums = min(batch_nums, math.ceil(len(x) / batch_size))
     model_dir, base = os.path.split(os.path.abspath(model_prefix))
+    scope = paddle.static.Scope()  # PTQ loads params via the executor into the *guarded* scope
     paddle.enable_static()
     try:
-        scope = paddle.static.Scope()  # PTQ loads params via the executor into the *guarded* scope
         # Fresh name counter: otherwise the fetch var is named ...scale_0.tmp_N, N = PTQ runs so far.
         with _quiet() as log, paddle.static.scope_guard(scope), paddle.utils.unique_name.guard():
             loader = paddle.io.DataLoader(_CalibSet(feed, x), batch_size=batch_size, shuffle=False,
@@ -146,6 +184,8 @@ def quantize_ptq(model_prefix: str | os.PathLike, out_dir: str | os.PathLike, ca
                                     hint=" | ".join(tail) or "check the model and calibration data") from e
     finally:
         paddle.disable_static()
+        del scope
+        gc.collect()    # the scope holds every calibration activation of a batch: give it back before the gate runs
     prefix = out_dir / "model"
     _files(prefix)  # PaddleSlim returned without writing: surface it here, not at load time
     return str(prefix)
@@ -199,6 +239,12 @@ def _layer_io(quant_prefix: str, op_types: Sequence[str], weight_slot: dict) -> 
     return layers
 
 
+def quantized_layers(quant_prefix: str | os.PathLike) -> list[str]:
+    """Weight names of the layers PaddleSlim really quantized (their output is dequantized), program order."""
+    return [l["layer"] for l in _layer_io(str(quant_prefix), tuple(_WEIGHT_SLOT), _WEIGHT_SLOT)
+            if l["output_q"] != l["output"]]
+
+
 def _fetch(prefix: str, x: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
     paddle.enable_static()
     try:
@@ -241,18 +287,21 @@ def advise(ranked: list[dict], requantize: Callable[[list[str]], str], judge: Ca
            max_trials: int = 4, budget_s: float = 45.0) -> dict:
     """Skip the top-k ranked layers for k = 1, 2, 4, ... (never all of them: nothing would be int8);
     judge(prefix) -> {"passed": bool, ...}. A trial that raises is recorded and ends the search.
-    Returns {"recommended": [...] | None, "trials": [...]} (bounded by max_trials and budget_s)."""
+    A trial starts only while budget_s has not run out (the one running then finishes).
+    Returns {"recommended": [...] | None, "trials": [...], "stopped": passed|budget|error|exhausted}."""
     t0, trials = time.perf_counter(), []
     k = 1
-    while k < len(ranked) and len(trials) < max_trials and time.perf_counter() - t0 < budget_s:
+    while k < len(ranked) and len(trials) < max_trials:
+        if time.perf_counter() - t0 >= budget_s:
+            return {"recommended": None, "trials": trials, "stopped": "budget"}
         skip = [r["layer"] for r in ranked[:k]]
         try:
             verdict = judge(requantize(skip))
         except PipelineError as exc:
             trials.append({"skip": skip, "passed": False, "reason": exc.one_line()})
-            break
-        trials.append({"skip": skip, **verdict})
+            return {"recommended": None, "trials": trials, "stopped": "error"}
+        trials.append({"skip": skip, "seconds": round(time.perf_counter() - t0, 1), **verdict})
         if verdict["passed"]:
-            return {"recommended": skip, "trials": trials}
+            return {"recommended": skip, "trials": trials, "stopped": "passed"}
         k *= 2
-    return {"recommended": None, "trials": trials}
+    return {"recommended": None, "trials": trials, "stopped": "exhausted"}
