@@ -118,3 +118,16 @@ def test_emulation_rounds_what_the_inference_pass_runs_in_fp16(tmp_path):
     b = InferenceEngine(tmp_path / "emu" / "model", "fp16", threads=1).run(x)
     assert np.array_equal(b, b.astype(np.float16).astype(np.float32))          # the sigmoid output is fp16
     assert 0 < np.abs(a - b).max() < 0.01
+
+
+def test_verify_compares_a_probability_bundle_with_its_own_key():
+    from pipeline.verify_model import _checks
+
+    expected = np.array([[0.9, 0.1], [1e-9, 1.0 - 1e-9]], np.float32)
+    out = np.array([[0.9004, 0.0996], [1e-5, 1.0 - 1e-5]], np.float32)      # log p of the 1e-9 class moved 9.2
+    cfg = {"task": "text_direction", "postprocess": {"labels": ["0", "180"], "outputs": "probabilities"},
+           "sample_check": {"atol": 1e-4, "rtol": 1e-5, "prob_atol": 1e-3}}
+    checks = _checks("e", out, expected, cfg)
+    assert all(c["passed"] for c in checks) and checks[-1]["key"] == "bundle.sample_prob_atol"
+    logits = _checks("e", out, expected, {**cfg, "postprocess": {"labels": ["0", "180"]}})     # same numbers as logits
+    assert not all(c["passed"] for c in logits) and logits[-1]["key"] == "bundle.sample_atol/sample_rtol"
