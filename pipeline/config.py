@@ -132,13 +132,12 @@ class Tolerance(Section):
 
     @model_validator(mode="after")
     def _can_fail(self):
-        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound (for either output
-        # kind) and no agreement floor the gate would pass any output, a broken model's included
-        if self.metric_delta >= 1.0 and not self.min_agreement:
-            unbounded = [k for k in ("atol", "prob_atol") if getattr(self, k) is None]
-            if unbounded:
-                raise ValueError(f"this gate cannot fail ({unbounded[0]}: null, metric_delta >= 1 and no "
-                                 f"min_agreement): set {unbounded[0]}, a metric_delta below 1 or a min_agreement above 0")
+        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound and no agreement floor
+        # the gate would pass any output, a broken model's included. One bound per output kind: the kind is known
+        # only with the model, so gates.evaluate_tol refuses the case where only the other kind's bound is set
+        if self.atol is None and self.prob_atol is None and self.metric_delta >= 1.0 and not self.min_agreement:
+            raise ValueError("this gate cannot fail (atol and prob_atol null, metric_delta >= 1 and no min_agreement): "
+                             "set an atol, a metric_delta below 1 or a min_agreement above 0")
         return self
 
 

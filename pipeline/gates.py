@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipeline.errors import ConfigError
+
 OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
 # produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
 UNVERIFIED = "UNVERIFIED"
@@ -231,6 +233,10 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
     agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
     kind = output_kind(task)
     atol, rtol, suffix = parity_limits(kind, tol.atol, getattr(tol, "rtol", 0.0), getattr(tol, "prob_atol", None))
+    if atol is None and tol.metric_delta >= 1.0 and not getattr(tol, "min_agreement", None):
+        raise ConfigError(f"{key or 'gate'}: cannot fail for a model whose outputs are {kind} ({suffix.split('/')[0]} "
+                          f"null, metric_delta >= 1 and no min_agreement)",
+                          hint=f"set {key}.{suffix.split('/')[0]}, a metric_delta below 1 or a min_agreement above 0")
     gate.extra["compared_as"] = kind
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
              min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix)

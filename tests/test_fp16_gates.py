@@ -75,11 +75,17 @@ def test_detection_map_with_the_same_boxes_gets_the_explaining_message():
 
 
 def test_a_gate_that_cannot_fail_for_probabilities_is_refused():
-    with pytest.raises(ValueError, match="prob_atol: null"):
-        Tolerance(atol=0.1, metric_delta=1.0)
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ValueError, match="cannot fail"):
+        Tolerance(metric_delta=1.0)
     with pytest.raises(ValueError, match="prob_atol"):
         Tolerance(atol=0.1, prob_atol=1.0, metric_delta=0.0)                 # a probability moves by <= 1 anyway
-    Tolerance(atol=0.1, metric_delta=1.0, min_agreement=0.9)                 # agreement can fail: allowed
+    logits_only = Tolerance(atol=0.1, metric_delta=1.0)                      # fine for logits ...
+    ref = _softmax(np.zeros((2, 3), np.float32))
+    assert _gate(ClassificationTask(), ref, ref, logits_only).status == "OK"
+    with pytest.raises(ConfigError, match="server.gates.fp32: cannot fail .* probabilities .*prob_atol"):
+        _gate(ClassificationTask({"outputs": "probabilities"}), ref, ref, logits_only)     # ... refused for probabilities
 
 
 def _tiny_program(prefix):
