@@ -5,7 +5,9 @@ so a path changes in one line. Paths are relative to the bundle folder, POSIX st
 
     server/fp32/inference.pdmodel|.pdiparams   Paddle Inference FP32 (the reference)
     server/<precision>/model.pdmodel|...        low-precision Paddle models (int8 from PaddleSlim, fp16 on GPU)
-    server/onnx/model.onnx                      paddle2onnx export (ONNX Runtime and OpenVINO fp32)
+    server/onnx/model.onnx                      paddle2onnx export (ONNX Runtime and OpenVINO fp32; OpenVINO bf16)
+    server/onnx/model_int8.onnx                 ONNX Runtime static int8 (QDQ)
+    server/openvino/model_int8.xml|.bin         OpenVINO int8 (NNCF)
     mobile/<target>_<precision>.nb              Paddle Lite
     infer_config.yaml                           input spec, pre/post-processing, labels, serving choice
     samples/NNN.png + samples/expected.npz      sample inputs and the FP32 outputs for them
@@ -22,8 +24,30 @@ SAMPLE_PNG = "samples/{:03d}.png"
 MODEL_CARD = "MODEL_CARD.md"
 MANIFEST = "manifest.json"
 
-# the model file each serving engine loads (relative to the bundle folder)
+ONNX_INT8 = "server/onnx/model_int8.onnx"
+OPENVINO_INT8 = "server/openvino/model_int8.xml"  # + .bin next to it
+
+# the model file each serving engine loads at fp32 (relative to the bundle folder)
 SERVING_MODELS = {"paddle-inference": FP32_PREFIX, "onnxruntime": ONNX_MODEL, "openvino": ONNX_MODEL}
+# low-precision rows that load another file; bf16 is the fp32 model with the engine's bf16 switch
+_LOW_PRECISION_MODELS = {("paddle-inference", "int8"): "server/int8/model", ("paddle-inference", "fp16"): "server/fp16/model",
+                         ("onnxruntime", "int8"): ONNX_INT8, ("openvino", "int8"): OPENVINO_INT8}
+# where the server stage writes those (relative to its run folder) -> where the bundle keeps them
+SERVER_STAGE_MODELS = {"onnx/model_int8.onnx": ONNX_INT8, "openvino/model_int8.xml": OPENVINO_INT8,
+                       "openvino/model_int8.bin": "server/openvino/model_int8.bin"}
+
+
+def serving_model(kind: str, precision: str) -> str:
+    """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference)."""
+    return _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])
+
+
+def model_exists(path) -> bool:
+    """A Paddle prefix exists when its .pdmodel does; any other model is one file."""
+    from pathlib import Path
+
+    p = Path(path)
+    return p.is_file() or Path(str(p) + ".pdmodel").is_file()
 
 
 def server_prefix(precision: str) -> str:

@@ -30,6 +30,9 @@ def register(sub, config_args) -> None:
                    help="CPU threads per engine instance; 0 = the counts measured per batch profile")
     s.add_argument("--engine", choices=("paddle-inference", "onnxruntime", "openvino"),
                    help="override the bundle's recommended engine")
+    s.add_argument("--precision", choices=("fp32", "bf16", "int8", "fp16"),
+                   help="override the recommended precision (default: the recommended one for the recommended "
+                        "engine, fp32 for another --engine)")
     s.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
     config_args(s)
     s.set_defaults(func=_serve)
@@ -117,7 +120,8 @@ def _serve(args) -> int:
     serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg), limits=HttpLimits.from_config(sv),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
           log_requests=sv.access_log,
-          archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine)
+          archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine,
+          precision=args.precision)
     return 0
 
 

@@ -179,6 +179,18 @@ class TuningCfg(Section):
 
 class RecommendCfg(Section):
     by: Literal["latency", "throughput"]
+    precisions: list[Literal["fp32", "bf16", "fp16", "int8"]] = Field(min_length=1)
+    max_metric_drop: float = Field(ge=0, le=1)
+    min_agreement: float = Field(ge=0, le=1)
+    min_speedup: float = Field(ge=1.0)
+
+    @model_validator(mode="after")
+    def _fp32_servable(self):
+        # fp32 is what every low-precision row must beat; without it nothing could be compared
+        if "fp32" not in self.precisions:
+            raise ValueError("server.recommend.precisions must include fp32 (low-precision rows are served only "
+                             "when faster than the fastest fp32 row)")
+        return self
 
 
 class ServerCfg(Section):
@@ -273,7 +285,7 @@ class SystemCfg(Section):
     gates: dict[Literal["fp16", "bf16", "int8", "lite", "engines", "http"], float]
     classifier: Optional[str]
     classifier_overrides: list[str]
-    engine: Literal["paddle-inference", "onnxruntime", "openvino"]
+    engine: Literal["auto", "paddle-inference", "onnxruntime", "openvino"]
     rec_batch_num: int = PosInt
     cls_batch_num: int = PosInt
     max_side_len: int = Field(ge=0)

@@ -31,10 +31,12 @@ log = logging.getLogger("pipeline.serve")
 
 
 def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY_BYTES, key: str | Path | None = None,
-               archive_limits: tuple[int, int] | None = None, engine: str | None = None, **limits):
+               archive_limits: tuple[int, int] | None = None, engine: str | None = None,
+               precision: str | None = None, **limits):
     """App for a bundle folder or .tar.gz; the signature (with a key) and every hash are checked before
     Paddle parses any file. limits: max_pixels, max_concurrency (see create_app_from_model).
-    engine: override the bundle's recommended engine (paddle-inference | onnxruntime | openvino)."""
+    engine: override the bundle's recommended engine (paddle-inference | onnxruntime | openvino); precision: its
+    precision (default: the recommended one for the recommended engine, fp32 for another)."""
     from .bundle import load_infer_config, open_bundle, verify_hashes
     from .serving import load_engine
     from .verify import check_signature
@@ -53,7 +55,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
         return app
     app = create_app_from_model(str(folder / "server" / "fp32" / "inference"), cfg, threads=threads,
                                 max_body=max_body, name=manifest.get("name") or folder.name,
-                                versions=manifest.get("versions"), engine=load_engine(folder, cfg, engine, threads),
+                                versions=manifest.get("versions"), engine=load_engine(folder, cfg, engine, threads, precision),
                                 **limits)
     app.state.scratch = scratch          # an extracted archive lives as long as the app
     app.state.signature = signature
@@ -238,7 +240,8 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         if host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("binding %s exposes the service beyond this machine; it has no authentication", host)
         log.info("bundle %s", app.state.signature)
-        log.info("serving %s with %s on http://%s:%d (%s)", bundle, app.state.engine.kind, host, port,
+        log.info("serving %s with %s %s on http://%s:%d (%s)", bundle, app.state.engine.kind,
+                 app.state.engine.effective_precision, host, port,
                  app.state.endpoints)
         log.info("request log: %s", "one line per request" if app_kw.get("log_requests") else
                  f"a summary line per {app.state.traffic.every_s:g} s of traffic (serve.access_log=true: one per request)")

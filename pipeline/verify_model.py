@@ -37,18 +37,22 @@ def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
         raise IntegrityError(f"bundle samples are unreadable ({msg})", hint="rebuild the bundle with `make deploy`") from None
 
 
-def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict) -> list[dict]:
+def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict, tol: dict | None = None) -> list[dict]:
     """The gates' own parity checks (NaN/Inf, shape, max abs diff), named for the engine, with the bundle's
-    sample tolerance for the model's output kind (logits: sample_atol/rtol; probabilities: sample_prob_atol);
-    the limit-less max_rel_diff is left out of a pass/fail report."""
+    sample tolerance for the model's output kind (logits: sample_atol/rtol; probabilities: sample_prob_atol), or
+    `tol`: a served low-precision row's own gate tolerance (its prob_atol is null in fp16/bf16/int8: NaN/Inf only,
+    the server stage judged its decoded output); the limit-less max_rel_diff is left out of a pass/fail report."""
     from .tasks import get_task
 
-    tol = {**LEGACY_SAMPLE_CHECK, **(cfg.get("sample_check") or {})}
+    if tol is None:
+        tol, key, prefix = {**LEGACY_SAMPLE_CHECK, **(cfg.get("sample_check") or {})}, "bundle", "sample_"
+    else:
+        key, prefix = tol.get("key", "bundle.sample"), ""
     kind = output_kind(get_task(cfg["task"], cfg.get("postprocess")))
-    atol, rtol, suffix = parity_limits(kind, tol["atol"], tol.get("rtol", 0.0), tol["prob_atol"])
-    keys = "/".join(f"sample_{k}" for k in suffix.split("/"))     # bundle.sample_atol/sample_rtol, ...
+    atol, rtol, suffix = parity_limits(kind, tol["atol"], tol.get("rtol", 0.0), tol.get("prob_atol"))
+    keys = "/".join(f"{prefix}{k}" for k in suffix.split("/"))     # bundle.sample_atol/sample_rtol, ...
     return [{**asdict(c), "name": f"{engine} {c.name} on samples"}
-            for c in parity_checks(out, expected, atol, rtol, key="bundle", suffix=keys) if c.limit is not None]
+            for c in parity_checks(out, expected, atol, rtol, key=key, suffix=keys) if c.limit is not None]
 
 
 def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
@@ -70,6 +74,23 @@ def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
     return found
 
 
+def _served_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndarray, threads: int) -> list[dict]:
+    """The recommended row as `serve` loads it, when it is not one of the fp32 models checked above, with its
+    own gate's tolerance (an int8 row is held to server.gates.int8, not to fp32's sample tolerance)."""
+    from .serving import load_engine
+
+    rec = cfg.get("serving") or {}
+    prec = rec.get("precision") or "fp32"
+    if prec == "fp32" and rec.get("engine") in (None, "paddle-inference", "onnxruntime"):
+        return []
+    from .engines.evidence import head
+
+    engine = load_engine(folder, cfg, threads=threads or 1)
+    ran = head(engine.effective_precision)      # bf16 on a CPU without it is served (and checked) as fp32
+    tol = rec.get("tolerance") if ran != "fp32" else None
+    return _checks(f"served {engine.kind} {ran}", engine.run(x), expected, cfg, tol)
+
+
 def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, manifest: dict | None = None) -> dict:
     """Hashes (unless the caller checked them: `manifest`), then each runnable model on the samples; a report
     dict (no exception for a failed check)."""
@@ -79,6 +100,7 @@ def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, ma
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
     for name, make in _engines(folder, cfg, timeout, threads).items():
         checks += _checks(name, make().run(x), expected, cfg)
+    checks += _served_checks(folder, cfg, x, expected, threads)
     failed = [c for c in checks if not c["passed"]]
     return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
             "ok": not failed, "unverified": manifest.get("unverified", {})}

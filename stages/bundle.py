@@ -53,7 +53,7 @@ def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels:
     return names
 
 
-def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict) -> str:
+def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict, serving: dict | None = None) -> str:
     lines = [f"# {name}", "", f"Task: **{info['task']}**, input {info['input_shape'][1:]} (NCHW, float32), "
              f"primary metric **{info['primary_metric']}**.", "",
              "## Gates", "", "OK: executed here and within tolerance. UNVERIFIED: converted, not executed; the row says "
@@ -63,6 +63,9 @@ def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: 
         v = "" if g.get("value") is None else f"{g['value']:.4f}"
         lines.append(f"| {g['stage']} | {g['subject']} | {g['precision_effective']} | {g['metric']} | {v} | "
                      f"{g['status']}{(': ' + g['reason']) if g['status'] in ('SKIPPED', 'UNVERIFIED') else ''} |")
+    if serving and serving.get("engine"):
+        lines += ["", "## Served", "", f"`serve` runs **{serving['engine']} {serving.get('precision', 'fp32')}** "
+                  f"(`{serving.get('model', '')}`): {serving.get('why', 'recommended by the server stage')}."]
     lines += ["", "## Files", ""] + [f"- `{k}` ({v['bytes']:,} bytes)" for k, v in files.items()]
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
     lines += ["", "Verify before use: `python -m pipeline verify <this folder or .tar.gz> [--key PUBLIC.pem]` "
@@ -89,7 +92,7 @@ def run(ctx: StageContext) -> StageResult:
     atomic_write_text(b / bundle_layout.INFER_CONFIG, yaml.safe_dump(infer_config(
         info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol,
                                 "prob_atol": cfg.bundle.sample_prob_atol}), sort_keys=False))
-    files, public_key = _write_manifest(ctx, b, name, version, info, sign_key)
+    files, public_key = _write_manifest(ctx, b, name, version, info, sign_key, serving)
 
     gate = _self_verify(cfg, b, public_key)
     if cfg.bundle.archive:
@@ -141,20 +144,25 @@ def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path) ->
     if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
         _copy(server_dir / "onnx" / "model.onnx", b / bundle_layout.ONNX_MODEL)
         models["onnx"] = bundle_layout.ONNX_MODEL
+    for src, dst in bundle_layout.SERVER_STAGE_MODELS.items():   # ORT / OpenVINO int8: servable when recommended
+        if (server_dir / src).is_file():
+            _copy(server_dir / src, b / dst)
+            if dst.endswith((".onnx", ".xml")):
+                models[PurePosixPath(src).parent.name + "_int8"] = dst
     for nb in sorted(lite_dir.glob("*.nb")):
         _copy(nb, b / _mobile_path(nb.name))
         models[f"lite_{nb.stem}"] = _mobile_path(nb.name)
     return models
 
 
-def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key: Path | None):
+def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key: Path | None, serving: dict | None):
     """MODEL_CARD.md, then manifest.json (hashes of everything else), then the signature -> (files, public key)."""
     cfg = ctx.cfg
     gates = [g for stage in STAGE.inputs for g in ctx.input_manifests[stage]["gates"]]      # every upstream gate
     precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in STAGE.inputs}
     versions = env.versions()
     files = describe_files(b)
-    atomic_write_text(b / bundle_layout.MODEL_CARD, model_card(name, info, gates, versions, files))
+    atomic_write_text(b / bundle_layout.MODEL_CARD, model_card(name, info, gates, versions, files, serving))
     files = describe_files(b)
     manifest = {
         "format_version": FORMAT_VERSION, "name": name, "version": version,
@@ -165,6 +173,9 @@ def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key:
         "unverified": {_mobile_path(g["extra"]["file"]): g["reason"] for g in gates
                        if g["status"] == "UNVERIFIED" and (g.get("extra") or {}).get("file")},
         "stage_fingerprints": {s: m["fingerprint"] for s, m in ctx.input_manifests.items()},
+        # what `serve` runs and why (the full record, every candidate included, is infer_config.yaml's `serving`)
+        "serving": {k: serving[k] for k in ("engine", "precision", "row", "model", "why", "fp32") if k in serving}
+        if serving else None,
     }
     if sign_key is not None:
         manifest["signature"] = {"format": signing.FORMAT, "file": signing.SIGNATURE}
@@ -189,5 +200,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
-              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py"),
+              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py",
+                                                "pipeline/serving.py", "pipeline/bundle_layout.py"),
               description="self-describing bundle, verified and published")

@@ -3,9 +3,10 @@
 Paddle Inference rows: fp32 (oneDNN + IR), fp16 (real on a GPU build; emulated on CPU, labelled so),
 bf16 (only where the CPU really has bf16; else SKIPPED — Paddle would silently run fp32), int8
 (PaddleSlim PTQ run with oneDNN INT8). ONNX Runtime and OpenVINO rows on the paddle2onnx export: fp32,
-and int8 from the same calibration data (CUDA/TensorRT providers only where a GPU is). Every row that
-runs also gets latency/throughput figures; fp32 engines are tuned per batch profile, and the fastest
-one that passed is recommended for serving.
+and int8 from the same calibration data, OpenVINO bf16 where the CPU has it (CUDA/TensorRT providers only
+where a GPU is). Every row that runs also gets latency/throughput figures; fp32 engines are tuned per batch
+profile; every row that passed, low precision included, is screened against server.recommend and the fastest
+within budget is recommended for serving (pipeline/recommend.py).
 Writes: models/int8 (and models/fp16 on GPU), onnx/model.onnx for the bundle, serving.json, perf.json.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pipeline import bundle_layout, env, ocr
 from pipeline.engines import evidence
 from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
-from pipeline.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped
+from pipeline.gates import FAIL, Gate, evaluate_tol, run_row, skipped
 from pipeline.runner import Stage, StageContext, StageResult
 from pipeline.reference import load_reference
 
@@ -62,6 +63,9 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     pc = ctx.cfg.server.perf
     gate.extra.update(engine.perf(x, batches["perf"], warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
+    if hasattr(task, "agreement") and np.isfinite(out).all():   # the strict share is what the serving budget reads
+        measure, _, strict = task.agreement(out, ref_out, None)
+        gate.extra["agreement"] = {"name": measure, "strict": round(float(strict), 6)}
     gate.extra["evidence"] = proof                    # what proves the effective precision
     gate.extra["settings"] = dict(engine.settings)
     if getattr(engine, "int8_quantized", None):
@@ -93,15 +97,14 @@ def run(ctx: StageContext) -> StageResult:
     gates = _paddle_rows(ctx, ref, calib, device, threads, info_out, tuning, served)
     if device == "cpu":
         gates += _onnx_rows(ctx, ref, calib, served, tuning)
-    passing = {g.subject.rsplit(" ", 1)[0] for g in gates if g.status == OK and g.precision_effective == "fp32"}
-    candidates = {k: e for k, e in served.items() if k in passing}
-    serving = _recommend(ctx, x, candidates, tuning) if candidates else None
+    serving, engine = _recommend(ctx, ref, gates, served, tuning)
     info_out["serving"] = serving
     write_json(ctx.out_dir / "serving.json", serving or {})
 
-    if sc.http.enable:
-        rec = candidates.get(serving["engine"]) if serving else None
-        gates.append(_http_row(ctx, ref, threads, rec))
+    if sc.http.enable:      # the recommended engine as served (Paddle Inference fp32 when nothing was recommended)
+        gates.append(_http_row(ctx, ref, threads, engine, (serving or {}).get("precision", "fp32")))
+    if engine is not None:
+        engine.close()
 
     _write_perf(ctx, gates, prefix, threads, info_out)
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
@@ -233,6 +236,10 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
                                  lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args), evidence_dir))
+        if kind == "openvino" and "bf16" in sc.precisions:
+            log.info("[server] %s bf16 row", kind)
+            gates.append(run_row("server", f"{kind} bf16", "bf16", task.primary_metric,
+                                 lambda: _openvino_bf16_row(ctx, task, onnx_file, args), evidence_dir))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
     for g in gates:
@@ -267,6 +274,19 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args) -> Gate:
     return gate
 
 
+def _openvino_bf16_row(ctx, task, onnx_file, args) -> Gate:
+    """OpenVINO with INFERENCE_PRECISION_HINT bf16: only where the CPU has bf16 (else SKIPPED with the reason);
+    labelled bf16 only when the runtime model shows bf16 compute ops."""
+    from pipeline.engines import ov, registry
+
+    ok, why = ov.bf16_status()
+    if not ok:
+        return skipped("server", "openvino bf16", "bf16", task.primary_metric, why)
+    eng = registry.make("openvino", onnx_file, "bf16", threads=_threads(ctx.cfg))
+    eng.notes.append(why)
+    return _row(ctx, task, "bf16", eng, *args, ctx.cfg.server.gates["bf16"], "bf16")
+
+
 def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
     """CUDA / TensorRT execution providers: run where a GPU build sees a GPU, SKIPPED (not run here) elsewhere."""
     from pipeline.engines.ort import OrtEngine, provider_status
@@ -285,31 +305,107 @@ def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
     return rows
 
 
-def _recommend(ctx, x, candidates: dict, tuning: dict) -> dict:
-    """Rank the tuned fp32 engines that passed their gates, interleaved, and pick the fastest."""
+def _recommend(ctx, ref, gates: list[Gate], served: dict, tuning: dict):
+    """Every servable row screened against server.recommend, the candidates ranked side by side (interleaved),
+    the fastest within budget chosen (pipeline/recommend.py) -> (serving record or None, its engine or None)."""
+    from pipeline import recommend as rec
     from pipeline.engines import registry
 
-    sc = ctx.cfg.server
-    rows = registry.rank(candidates, x, batch_size=ctx.batches["perf"], warmup=sc.perf.warmup,
-                         repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
-    key = (lambda r: r["latency_ms"]["p50"]) if sc.recommend.by == "latency" else (lambda r: -r["throughput_sps"])
-    best = min(rows, key=key)
-    model = bundle_layout.SERVING_MODELS.get(best["engine"], bundle_layout.ONNX_MODEL)
-    log.info("[server] recommended engine: %s (batch-1 p50 %.3f ms, %.0f samples/s at batch %d; ranked by %s)",
-             best["engine"], best["latency_ms"]["p50"], best["throughput_sps"], ctx.batches["perf"], sc.recommend.by)
-    return {"engine": best["engine"], "precision": "fp32", "model": model, "by": sc.recommend.by,
-            "settings": tuning.get(best["engine"], {}), "ranking": rows,
-            "tuning": tuning}
+    sc, rc = ctx.cfg.server, ctx.cfg.server.recommend
+    cands = rec.screen(gates, rc, samples=len(ref.inputs))
+    engines = _candidate_engines(ctx, ref, cands, served, tuning)
+    rows = registry.rank(engines, ref.inputs, batch_size=ctx.batches["perf"], warmup=sc.perf.warmup,
+                         repeats=sc.perf.repeats, rounds=sc.tuning.rounds) if engines else []
+    picked = rec.choose(cands, rows, rc)
+    for c in cands:
+        log.info("[server] serving candidate %s", c.line())
+    for row, e in engines.items():
+        if picked is None or row != picked[0].row:
+            e.close()
+    if picked is None:
+        log.info("[server] nothing to recommend: no fp32 row passed its gate")
+        return None, None
+    chosen, base = picked
+    record = _serving_record(ctx, chosen, base, cands, rows, tuning, ref.task.primary_metric)
+    log.info("[server] serving %s: %s", chosen.row, record["why"])
+    return record, engines[chosen.row]
 
 
-def _http_row(ctx, ref, threads, engine=None) -> Gate:
-    """The HTTP service users will run, started on a free local port and gated like an engine."""
-    subject = "http /predict fp32"        # stable: nightly regression matches gates by subject
-    return run_row("server", subject, "fp32", ref.task.primary_metric,
-                   lambda: _http_gate_row(ctx, ref, threads, engine, subject), ctx.out_dir / "evidence")
+def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, metric: str) -> dict:
+    """serving.json: what is served and why, what fp32 would have given, every candidate with its verdict."""
+    from pipeline import recommend as rec
+
+    sc, rc = ctx.cfg.server, ctx.cfg.server.recommend
+    tol = sc.gates[chosen.precision]
+    return {"engine": chosen.engine, "precision": chosen.precision, "row": chosen.row,
+            "model": bundle_layout.serving_model(chosen.engine, chosen.precision), "by": rc.by,
+            "settings": _served_settings(chosen.engine, chosen.precision, tuning),
+            "why": rec.why(chosen, base, cands, rc, metric),
+            "fp32": rec.fp32_baseline(base),
+            "budget": {"precisions": list(rc.precisions), "max_metric_drop": rc.max_metric_drop,
+                       "min_agreement": rc.min_agreement, "min_speedup": rc.min_speedup},
+            # the served row's own tolerance: `verify` checks the bundle's samples with it
+            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "prob_atol": tol.prob_atol,
+                          "key": f"server.gates.{chosen.precision}"},
+            "candidates": [c.to_dict() for c in cands], "ranking": rows, "tuning": tuning}
 
 
-def _http_gate_row(ctx, ref, threads, engine, subject: str) -> Gate:
+def _served_settings(kind: str, precision: str, tuning: dict) -> dict:
+    """Per-profile settings of a served row: the fp32 row's tuned ones; a low-precision row borrows that
+    engine's thread counts (its IR passes stay on: oneDNN's bf16/int8 kernels come from them)."""
+    tuned = tuning.get(kind) or {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
+    if precision == "fp32":
+        return tuned
+    extra = {"ir_optim": True} if kind == "paddle-inference" else {}
+    return {p: {"threads": tuned[p]["threads"], **extra} for p in ("batch1", "batchN")}
+
+
+def _stage_model(ctx, ref, kind: str, precision: str):
+    """Where this stage wrote the model a row ran (bf16 runs the fp32 model with the engine's bf16 switch)."""
+    out = ctx.out_dir
+    if kind == "paddle-inference":
+        return ref.model_prefix if precision in ("fp32", "bf16") else out / "models" / precision / "model"
+    if precision == "int8":
+        return out / "onnx" / "model_int8.onnx" if kind == "onnxruntime" else out / "openvino" / "model_int8.xml"
+    return out / "onnx" / "model.onnx"
+
+
+def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
+    """Row subject -> engine as `serve` would run it, for every candidate (fp32: the tuned instances)."""
+    from pipeline import recommend as rec
+    from pipeline.engines import registry
+
+    sc, engines = ctx.cfg.server, {}
+    for c in (c for c in cands if c.verdict == rec.CANDIDATE):
+        if c.precision == "fp32":
+            if c.engine in served:
+                engines[c.row] = served[c.engine]
+            continue
+        opts = {"mkldnn": sc.mkldnn, **({"device": "gpu"} if c.precision == "fp16" else {})} \
+            if c.engine == "paddle-inference" else {}
+        try:
+            eng = registry.make_routed(c.engine, _stage_model(ctx, ref, c.engine, c.precision), c.precision,
+                                       _served_settings(c.engine, c.precision, tuning), spin=False, **opts)
+        except PipelineError as exc:
+            c.verdict, c.detail = "failed to load", exc.one_line()
+            continue
+        if evidence.head(eng.effective_precision) != c.precision:     # the served instance must show it too
+            c.verdict, c.detail = "no evidence", f"the serving instance ran {eng.effective_precision}"
+            eng.close()
+            continue
+        engines[c.row] = eng
+    return engines
+
+
+def _http_row(ctx, ref, threads, engine=None, precision: str = "fp32") -> Gate:
+    """The HTTP service users will run (the recommended engine at its precision), started on a free local port
+    and gated like an engine with that precision's tolerance."""
+    subject = f"http /predict {precision}"        # nightly regression matches gates by subject
+    return run_row("server", subject, precision, ref.task.primary_metric,
+                   lambda: _http_gate_row(ctx, ref, threads, engine, subject, precision), ctx.out_dir / "evidence")
+
+
+def _http_gate_row(ctx, ref, threads, engine, subject: str, precision: str) -> Gate:
     from pipeline.serve import http_gate
 
     sc, task, info, labels, ref_out = ctx.cfg.server, ref.task, ref.info, ref.labels, ref.outputs
@@ -319,10 +415,12 @@ def _http_gate_row(ctx, ref, threads, engine, subject: str) -> Gate:
     res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
                     threads=threads, engine=engine)
     n = res["n"]
-    gate = Gate("server", subject, "fp32", "fp32", task.primary_metric,
+    effective = engine.effective_precision if engine is not None else "fp32"
+    gate = Gate("server", subject, precision, effective, task.primary_metric,
                 reference=task.metrics(ref_out[:n], labels[:n])[task.primary_metric])
-    # images go through PNG decode + preprocessing on the server: same code path, same tolerance as fp32
-    evaluate_tol(gate, res["outputs"], ref_out[:n], sc.gates["fp32"], res["metric"], task, key="server.gates.fp32")
+    # images go through PNG decode + preprocessing on the server: same code path, the served precision's tolerance
+    evaluate_tol(gate, res["outputs"], ref_out[:n], sc.gates[precision], res["metric"], task,
+                 key=f"server.gates.{precision}")
     gate.extra.update(latency_ms=res["latency_ms"], requests=n, engine=res["engine"])
     gate.seconds = round(time.perf_counter() - t0, 2)
     return gate
@@ -356,7 +454,8 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server",)
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
                                 "openvino/model_int8.xml"),
               run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
-                                  "pipeline/serve.py", "pipeline/reference.py"),
+                                  "pipeline/serve.py", "pipeline/reference.py", "pipeline/recommend.py",
+                                  "pipeline/bundle_layout.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 

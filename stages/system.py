@@ -160,6 +160,8 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
         gates.append(_pair_row(chain, subject, prec, lambda r, b, p=prec, f=pick: paddle_engine(f(b), p, threads),
                                sc.gates[prec]))
     gates += _other_engine_rows(ctx, chain, threads)
+    if sc.engine == "auto":
+        gates.append(_served_row(ctx, chain, threads))
     subject = "lite x86 fp32"
     if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
         timeout = ctx.cfg.lite.timeout
@@ -191,6 +193,23 @@ def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
     return gates
 
 
+SERVED = "as served (system.engine=auto)"
+
+
+def _served_row(ctx, chain: _Chain, threads: int) -> Gate:
+    """Each part on its own recommendation (engine and precision, as /ocr loads it), gated on its drop vs the fp32
+    chain with the tolerance of the lowest precision in the set (system.gates.<int8|fp16|bf16>, else engines)."""
+    from pipeline.ocr.system_bundle import part_serving, served_engine
+
+    parts = {r: part_serving(b) for r, b in chain.subs.items()}
+    precs = [p["precision"] for p in parts.values()]
+    key = next((p for p in ("int8", "fp16", "bf16") if p in precs), "engines")
+    log.info("[system] as served: %s", ", ".join(f"{r} {p['engine']} {p['precision']}" for r, p in parts.items()))
+    g = _pair_row(chain, SERVED, "/".join(precs), lambda r, b: served_engine(b, threads), ctx.cfg.system.gates[key])
+    g.extra.update(served=parts, tolerance_key=f"system.gates.{key}")
+    return g
+
+
 def _effective(det, rec) -> str:
     """What the two engines really ran (each engine's own evidence), e.g. "int8" or "int8/fp32"."""
     a, b = det.effective_precision, rec.effective_precision
@@ -202,10 +221,11 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
     from pipeline.ocr.service import http_ocr_gate
     from pipeline.ocr.system_metrics import agreement
 
-    pages = chain.pages
-    ref_lines = chain.row_lines.get(f"{ctx.cfg.system.engine} fp32", chain.lines)
+    pages, auto = chain.pages, ctx.cfg.system.engine == "auto"
+    ref_lines = chain.row_lines.get(SERVED if auto else f"{ctx.cfg.system.engine} fp32", chain.lines)
     n = min(ctx.cfg.system.http_pages, len(pages["images"]))
-    subject = "http /ocr fp32"
+    subject = "http /ocr as served" if auto else "http /ocr fp32"
+    engine = "served" if auto else ctx.cfg.system.engine
     t0 = time.perf_counter()
     try:
         res = http_ocr_gate(folder, list(pages["images"][:n]), threads=threads)
@@ -214,7 +234,7 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
     diff = 1.0 - agreement(res["lines"], ref_lines[:n])
     limit = ctx.cfg.system.gates["http"]
     g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
-             checks=[Check(f"lines_differing_from_{ctx.cfg.system.engine}_chain", diff, limit, "<=",
+             checks=[Check(f"lines_differing_from_{engine}_chain", diff, limit, "<=",
                            diff <= limit + 1e-12)])
     g.status = OK if g.checks[0].passed else FAIL
     g.reason = "" if g.status == OK else g.checks[0].describe()
@@ -225,6 +245,7 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
 
 def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
     from pipeline.ocr.ppocr_system import flow_of
+    from pipeline.ocr.system_bundle import part_serving
 
     cls = "classifier" in subs
     return {"format_version": FORMAT_VERSION, "task": "ocr_system", "detection": "detection",
@@ -232,6 +253,9 @@ def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
             "pipeline": "page -> DB boxes -> perspective crops -> " + ("0/180 classifier -> " if cls else "")
                         + "CTC recognition",
             "flow": flow_of(sc.model_dump()), "engine": sc.engine,
+            # what /ocr serves per part (auto: each part's recommendation; else that runtime on the fp32 models)
+            "served": {r: part_serving(b) if sc.engine == "auto" else
+                       {"engine": sc.engine, "precision": "fp32"} for r, b in subs.items()},
             "fields": keys, "verify": {"max_disagreement": 0.05},
             "metrics_on_build": {k: ref[k] for k in ("line_accuracy", "field_accuracy")}}
 
@@ -259,7 +283,8 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
     for role, sub in chain.subs.items():
         shutil.copytree(sub, b / role)
     k = min(sc.samples, len(chain.pages["images"]))
-    write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k])
+    served = chain.row_lines.get(SERVED) if sc.engine == "auto" else None
+    write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k], served[:k] if served else None)
     atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(_infer_config(sc, chain.subs, chain.keys, chain.ref),
                                                               sort_keys=False, allow_unicode=True))
     atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts))
@@ -340,6 +365,7 @@ def _external(cfg) -> dict[str, Path]:
 STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
-              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py", "pipeline/verify_model.py"),
+              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py", "pipeline/verify_model.py",
+                         "pipeline/serving.py", "pipeline/bundle_layout.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

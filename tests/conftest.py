@@ -37,3 +37,16 @@ def smoke_bundle(smoke_chain) -> tuple[Path, Path]:
     """(bundle folder, .tar.gz) of the smoke chain."""
     info = json.loads((smoke_chain / "bundle" / "manifest.json").read_text())["info"]
     return Path(info["bundle"]), Path(info["archive"])
+
+
+def served_limit(folder: Path, expected, fp32_limit: float = 1e-4) -> float:
+    """Max |served - expected| a bundle's recommended row may show: fp32's limit, or, when a low-precision row is
+    served (int8 on a VNNI CPU, bf16 on a bf16 CPU), that row's gate tolerance atol + rtol x max|expected|."""
+    import numpy as np
+    import yaml
+
+    serving = yaml.safe_load((Path(folder) / "infer_config.yaml").read_text()).get("serving") or {}
+    tol = serving.get("tolerance")
+    if (serving.get("precision") or "fp32") == "fp32" or not tol:
+        return fp32_limit
+    return tol["atol"] + tol["rtol"] * float(np.abs(expected).max())

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 from tests.clirun import pipeline_cli as cli
 
@@ -55,7 +56,13 @@ def test_system_rows_and_bundle(system_run):
         assert gates[f"{kind} fp32"]["extra"]["agreement_with_fp32"] >= 0.99
         assert gates[f"{kind} fp32"]["precision_effective"] == "fp32"
     assert gates["paddle-inference fp16"]["status"] == "SKIPPED" and gates["paddle-inference fp16"]["reason"]
-    assert gates["http /ocr fp32"]["status"] == "OK" and gates["http /ocr fp32"]["value"] == 0.0
+    # system.engine: auto (default): each part on its own recommendation, gated, and /ocr reads exactly as that set
+    served = gates["as served (system.engine=auto)"]
+    assert served["status"] == "OK" and set(served["extra"]["served"]) == {"detection", "recognition"}
+    for role, part in served["extra"]["served"].items():
+        rec = yaml.safe_load((Path(man["info"]["bundle"]) / role / "infer_config.yaml").read_text())
+        assert part["engine"] == rec["serving"]["engine"] and part["precision"] == rec["serving"]["precision"]
+    assert gates["http /ocr as served"]["status"] == "OK" and gates["http /ocr as served"]["value"] == 0.0
     assert gates["bundle self-verification"]["status"] == "OK"
     bundle = Path(man["info"]["bundle"])
     files = json.loads((bundle / "manifest.json").read_text())["files"]
@@ -70,6 +77,7 @@ def test_verify_system_archive_and_tamper(system_run, tmp_path):
     bundle = Path(_manifest(root, "smoke_ocr_system", "system")["info"]["bundle"])
     res = cli("verify", str(bundle) + ".tar.gz", check=True)
     assert "system server fp32 lines differing" in res.stdout and "system lite x86 fp32" in res.stdout
+    assert "system as served lines differing" in res.stdout
     import shutil
 
     from pipeline.errors import IntegrityError

@@ -173,6 +173,7 @@ def test_serve_a_real_bundle_folder_and_archive(smoke_bundle):
     from fastapi.testclient import TestClient
 
     from pipeline.serve import create_app
+    from tests.conftest import served_limit
 
     folder, archive = smoke_bundle
     with np.load(folder / "samples" / "expected.npz") as z:
@@ -183,7 +184,7 @@ def test_serve_a_real_bundle_folder_and_archive(smoke_bundle):
             r = c.post("/predict?outputs=1", content=(folder / files[0]).read_bytes(),
                        headers={"content-type": "image/png"})
             assert r.status_code == 200
-            assert np.abs(np.asarray(r.json()["outputs"]) - expected[:1]).max() < 1e-4
+            assert np.abs(np.asarray(r.json()["outputs"]) - expected[:1]).max() < served_limit(folder, expected)
 
 
 @pytest.mark.slow

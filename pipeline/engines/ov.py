@@ -2,7 +2,8 @@
 
 OpenVINO's CPU plugin silently runs bf16 on CPUs with AVX-512 BF16/AMX unless told otherwise, so the
 fp32 row pins INFERENCE_PRECISION_HINT=f32 and the label is checked against the precisions the
-compiled (runtime) model reports per op.
+compiled (runtime) model reports per op. The bf16 row asks for INFERENCE_PRECISION_HINT=bf16; on a CPU
+without bf16 OpenVINO silently runs f32, and the runtime model then says so: the label follows it.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.engines.base import Engine
+from pipeline.engines.evidence import not_applied
 from pipeline.errors import ConfigError, MissingArtifact, PipelineError
 
 
@@ -30,6 +32,23 @@ def _runtime_precisions(compiled) -> Counter:
     return seen
 
 
+# what each row asks the CPU plugin for: int8 models carry their own precision, the rest is pinned
+_HINT = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
+
+
+def _label(label: str, precs: Counter) -> str:
+    """The precision the runtime model shows for the compute ops (never the requested label without it)."""
+    if label == "int8":
+        return "int8" if {"i8", "u8"} & set(precs) else "int8-simulated"
+    if label == "bf16":
+        if precs.get("bf16"):
+            return "bf16"
+        return not_applied("bf16", f"OpenVINO's runtime model runs {dict(precs) or 'no compute op'}, no bf16 op")
+    if not precs or set(precs) - {"f32"}:
+        raise PipelineError(f"OpenVINO fp32 row runs {dict(precs)}: not fp32")
+    return "fp32"
+
+
 def _type_name(t) -> str:
     return t.get_type_name() if hasattr(t, "get_type_name") else str(t)
 
@@ -45,8 +64,8 @@ class OpenVinoEngine(Engine):
         path = Path(model_file)
         if not path.is_file():
             raise MissingArtifact(f"OpenVINO model not found: {path}")
-        if label not in ("fp32", "int8"):
-            raise ConfigError(f"OpenVINO rows are fp32 or int8, not {label!r}")
+        if label not in _HINT:
+            raise ConfigError(f"OpenVINO rows are {', '.join(_HINT)}, not {label!r}")
         core = ov.Core()
         try:
             model = core.read_model(str(path))
@@ -55,29 +74,36 @@ class OpenVinoEngine(Engine):
                 pshape[0] = static_batch
                 model.reshape({model.input(0): pshape})
             cfg = {"INFERENCE_NUM_THREADS": int(threads), "PERFORMANCE_HINT": hint, "NUM_STREAMS": 1,
-                   "INFERENCE_PRECISION_HINT": "f32"}
+                   "INFERENCE_PRECISION_HINT": _HINT[label]}
             self._compiled = core.compile_model(model, "CPU", cfg)
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise PipelineError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from e
         self._req = self._compiled.create_infer_request()
         self.input_shape = [d.get_length() if d.is_static else -1 for d in model.input(0).get_partial_shape()]
         precs = _runtime_precisions(self._compiled)
-        self.evidence = {"runtime_precision_ops": dict(precs),
+        self.evidence = {"runtime_precision_ops": dict(precs), "inference_precision_hint_requested": _HINT[label],
                          "inference_precision_hint": _type_name(self._compiled.get_property("INFERENCE_PRECISION_HINT"))}
         self.settings = {"threads": int(threads), "performance_hint": hint, "streams": 1,
                          "static_batch": static_batch, "version": ov.get_version()}
-        low = {p for p in precs if p in ("i8", "u8")}
-        if label == "int8":
-            self.effective_precision = "int8" if low else "int8-simulated"
-            if not low:
-                self.notes.append("no compute op runs in i8/u8 on this CPU: fp32 math on int8-rounded values")
-        else:
-            if not precs or set(precs) - {"f32"}:
-                raise PipelineError(f"OpenVINO fp32 row runs {dict(precs)}: not fp32")
-            self.effective_precision = "fp32"
+        self.effective_precision = _label(label, precs)
+        if label == "int8" and self.effective_precision != "int8":
+            self.notes.append("no compute op runs in i8/u8 on this CPU: fp32 math on int8-rounded values")
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         return self._req.infer({0: x}, share_inputs=True)[0].copy()
+
+
+def bf16_status() -> tuple[bool, str]:
+    """(True, why) when the CPU reports bf16 (avx512_bf16/amx_bf16); elsewhere OpenVINO silently runs f32.
+    Under a simulated profile the row runs and the runtime model's precisions decide the label."""
+    from pipeline import capabilities
+
+    native = sorted(capabilities.cpu_flags() & capabilities.BF16_FLAGS)
+    if not native:
+        return False, "CPU lacks avx512_bf16/amx_bf16; OpenVINO would silently run f32"
+    if capabilities.simulated(capabilities.BF16_FLAGS):
+        return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); the runtime model decides the label"
+    return True, f"CPU has {'/'.join(native)}"
 
 
 def nncf_status() -> tuple[bool, str]:

@@ -51,6 +51,11 @@ def model_file(models: dict, role: str, kind: str, cache: Path) -> Path:
 def engines(models: dict, kind: str, threads: int, cache: Path, use_cls: bool = True) -> tuple:
     """(det, rec, cls or None) engines of one runtime; ONNX Runtime's pool threads sleep between calls as in serve."""
     from ..engines import registry
+    from ..errors import ConfigError
+
+    if kind == "auto":      # a recommendation lives in each part's bundle; fetched models have none
+        raise ConfigError("system.engine=auto serves each part's recommendation, which only a system bundle records",
+                          hint="pass --bundle <system bundle> or --engine paddle-inference|onnxruntime|openvino")
 
     roles = ("det", "rec", "cls") if use_cls else ("det", "rec")
     made = [registry.make(kind, model_file(models, r, kind, cache), "fp32", threads=threads, spin=False)

@@ -62,18 +62,35 @@ def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
     return {r: sub_bundle(folder, cfg, r) for r in roles_of(cfg)}
 
 
-def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
-    """(det, rec, cls or None, spec) as `/ocr` runs them: each part's fp32 model on the bundle's serving engine
-    (system.engine when it was built; ONNX Runtime's pool threads sleep between calls, as in `serve`)."""
-    from ..engines import registry
-    from ..serving import MODEL_PATHS
+def part_serving(sub: Path) -> dict:
+    """What a model bundle serves by its own recommendation: {"engine", "precision", "model"} (pipeline/serving.py)."""
+    from ..bundle_layout import serving_model
+    from ..serving import serving_choice
 
+    kind, prec, _ = serving_choice(load_infer_config(sub))
+    return {"engine": kind, "precision": prec, "model": serving_model(kind, prec)}
+
+
+def served_engine(sub: Path, threads: int, kind: str = "auto"):
+    """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision (per batch
+    profile, as `serve` loads it); an engine name = that runtime on the part's fp32 model (the pre-auto behaviour).
+    ONNX Runtime's pool threads sleep between calls, as in `serve`."""
+    from ..engines import registry
+    from ..serving import MODEL_PATHS, load_engine
+
+    if kind == "auto":
+        return load_engine(sub, load_infer_config(sub), threads=threads)
+    return registry.make(kind, sub / MODEL_PATHS[kind], "fp32", threads=threads, spin=False)
+
+
+def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
+    """(det, rec, cls or None, spec) as `/ocr` runs them: system.engine as built (auto: each part's own
+    recommendation; bundles from before `auto` name one runtime, run on each part's fp32 model)."""
     folder = Path(folder)
     cfg = load_infer_config(folder)
     kind = kind or cfg.get("engine", "paddle-inference")
     spec, _, _ = spec_of(folder)
-    det, rec, cls = engine_set(lambda r, b: registry.make(kind, b / MODEL_PATHS[kind], "fp32", threads=threads,
-                                                          spin=False), subs_of(folder, cfg))
+    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind), subs_of(folder, cfg))
     return det, rec, cls, spec
 
 
@@ -105,24 +122,28 @@ def model_prefix(sub: Path, precision: str) -> Path | None:
     return p if p.with_suffix(".pdmodel").is_file() else None
 
 
-def write_samples(folder: Path, pages: list[np.ndarray], lines: list[list[dict]]) -> list[str]:
+def write_samples(folder: Path, pages: list[np.ndarray], lines: list[list[dict]],
+                  served: list[list[dict]] | None = None) -> list[str]:
+    """Sample pages with the fp32 chain's lines (and, when system.engine=auto serves another set, what that set read)."""
     from ..artifacts import atomic_write_text
     from ..bundle import write_sample_pngs
 
     names = write_sample_pngs(folder, pages, "samples/page_{:03d}.png")
-    atomic_write_text(folder / "samples" / "expected.json",
-                      json.dumps({"pages": [{"file": n, "lines": ln} for n, ln in zip(names, lines)]}, indent=1))
+    items = [{"file": n, "lines": ln, **({"served_lines": served[i]} if served else {})}
+             for i, (n, ln) in enumerate(zip(names, lines))]
+    atomic_write_text(folder / "samples" / "expected.json", json.dumps({"pages": items}, indent=1))
     return names
 
 
-def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]]]:
+def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]], list[list[dict]]]:
+    """(pages, the fp32 chain's lines, the served set's lines: the fp32 ones in bundles that serve fp32)."""
     expected = json.loads((folder / "samples" / "expected.json").read_text())["pages"]
     if not expected:
         raise MissingArtifact(f"{folder}/samples/expected.json lists no sample pages")
     pages = []
     for item in expected:
         pages.append(decode_file(folder / item["file"]))
-    return pages, [item["lines"] for item in expected]
+    return pages, [item["lines"] for item in expected], [item.get("served_lines", item["lines"]) for item in expected]
 
 
 def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
@@ -138,7 +159,7 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
         sub = verify_model_folder(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
         checks += [{**c, "name": f"{role}: {c['name']}"} for c in sub["checks"]]
     spec, _, _ = spec_of(folder)
-    pages, expected = _sample_pages(folder)
+    pages, expected, served_lines = _sample_pages(folder)
     threads = threads or cpu_count()
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
     subs = subs_of(folder, cfg)
@@ -146,9 +167,11 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
         runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
                                            subs)
+    if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
+        runs["as served"] = engine_set(lambda r, b: served_engine(b, threads), subs)
     for name, (det, rec, cls) in runs.items():
         got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)
-        miss = 1.0 - agreement(got, expected)
+        miss = 1.0 - agreement(got, served_lines if name == "as served" else expected)
         checks.append(asdict(Check(f"system {name} lines differing on sample pages", miss, limit, "<=",
                                    miss <= limit)))
     return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,

@@ -1,0 +1,113 @@
+"""The serving recommendation on synthetic gate rows (no engines): budget, evidence, not faster, failed, emulated."""
+import pytest
+
+from pipeline import recommend as rec
+from pipeline.config import load_config
+from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
+
+
+def _rc(**over):
+    return load_config([], [f"server.recommend.{k}={v}" for k, v in over.items()]).server.recommend
+
+
+def _gate(subject, prec, eff=None, value=0.98, ref=0.98, status=OK, agree=1.0, evidence=True, reason=""):
+    g = Gate("server", subject, prec, eff or prec, "accuracy", value=value, reference=ref, status=status,
+             reason=reason)
+    g.checks = [Check("finite", 0.0, 0.0), Check("argmax_agreement", 1.0, 0.99, ">=")]
+    g.extra = {"agreement": {"name": "argmax_agreement", "strict": agree}}
+    if evidence and prec != "fp32":
+        g.extra["evidence"] = {"optimized_program": "12 ops in int8"}
+    return g
+
+
+def _rank(p50: dict) -> list[dict]:
+    """registry.rank-shaped rows: batch-1 p50 (ms) per row subject; throughput 1000/p50."""
+    return [{"engine": k, "latency_ms": {"p50": v}, "throughput_sps": 1000.0 / v} for k, v in p50.items()]
+
+
+def _verdicts(cands):
+    return {c.row: c.verdict for c in cands}
+
+
+ROWS = [_gate("paddle-inference fp32", "fp32"), _gate("onnxruntime fp32", "fp32"), _gate("openvino fp32", "fp32"),
+        _gate("paddle-inference fp16", "fp16", eff="fp16-emulated"),
+        _gate("paddle-inference bf16", "bf16", status=SKIPPED, reason="CPU lacks avx512_bf16/amx_bf16"),
+        _gate("paddle-inference int8", "int8", value=0.945, ref=0.984),            # 3.9 points: over budget
+        _gate("onnxruntime int8", "int8", agree=0.995),
+        _gate("openvino int8", "int8", eff="int8-simulated"),
+        _gate("openvino bf16", "bf16", eff="fp32 (bf16 not applied: OpenVINO's runtime model runs {'f32': 2})"),
+        _gate("onnxruntime cuda fp32", "fp32", status=SKIPPED, reason="not run here"),
+        _gate("http /predict fp32", "fp32")]
+
+
+def test_screen_gives_every_servable_row_a_verdict():
+    cands = rec.screen(ROWS, _rc(), samples=256)
+    v = _verdicts(cands)
+    assert "http /predict fp32" not in v and "onnxruntime cuda fp32" not in v      # not servable rows
+    assert v["paddle-inference fp16"] == "emulated"                                  # never served
+    assert v["openvino int8"] == "emulated"                                          # int8-simulated
+    assert v["paddle-inference bf16"] == "skipped"
+    assert v["openvino bf16"] == "no evidence"                                       # asked bf16, ran f32
+    assert v["paddle-inference int8"] == "over budget"
+    over = {c.row: c for c in cands}["paddle-inference int8"]
+    assert "accuracy drop 0.039 > 0.01" in over.detail and "server.recommend.max_metric_drop" in over.detail
+    assert {v[r] for r in ("paddle-inference fp32", "onnxruntime fp32", "openvino fp32", "onnxruntime int8")} == \
+        {rec.CANDIDATE}
+
+
+def test_budget_agreement_precisions_and_failed_rows():
+    rows = [_gate("onnxruntime int8", "int8", agree=0.97), _gate("openvino int8", "int8", status=FAIL,
+                                                                     reason="accuracy_drop 0.06 > limit 0.04"),
+            _gate("paddle-inference int8", "int8", evidence=False)]
+    v = {c.row: c for c in rec.screen(rows, _rc(), samples=256)}
+    assert v["onnxruntime int8"].verdict == "over budget" and "server.recommend.min_agreement" in v["onnxruntime int8"].detail
+    assert v["openvino int8"].verdict == "failed gate" and "0.06" in v["openvino int8"].detail
+    assert v["paddle-inference int8"].verdict == "no evidence"
+    only_fp32 = rec.screen([_gate("onnxruntime int8", "int8")], _rc(precisions="[fp32]"))
+    assert only_fp32[0].verdict == "not allowed"
+    # a drop below one sample of the slice counts as one sample, as in the gates
+    assert rec.screen([_gate("onnxruntime int8", "int8", value=0.984375, ref=1.0)], _rc(), samples=64)[0].verdict \
+        == rec.CANDIDATE
+
+
+def test_low_precision_served_only_when_faster_by_the_margin():
+    cands = rec.screen(ROWS, _rc(), samples=256)
+    chosen, base = rec.choose(cands, _rank({"paddle-inference fp32": 0.30, "onnxruntime fp32": 0.20,
+                                            "openvino fp32": 0.25, "onnxruntime int8": 0.10}), _rc())
+    assert (chosen.row, base.row) == ("onnxruntime int8", "onnxruntime fp32") and chosen.speedup_vs_fp32 == 2.0
+    why = rec.why(chosen, base, cands, _rc(), "accuracy")
+    assert why.startswith("fastest within budget: 2.00x fp32 onnxruntime") and "agreement 0.995 >= 0.99" in why
+    assert rec.fp32_baseline(base)["latency_ms_p50"] == 0.2
+    assert _verdicts(cands)["openvino fp32"] == "slower"
+
+    cands = rec.screen(ROWS, _rc(), samples=256)          # int8 1.05x: inside the 1.10x margin
+    chosen, base = rec.choose(cands, _rank({"paddle-inference fp32": 0.30, "onnxruntime fp32": 0.21,
+                                            "openvino fp32": 0.25, "onnxruntime int8": 0.20}), _rc())
+    assert chosen.row == "onnxruntime fp32"
+    slow = {c.row: c for c in cands}["onnxruntime int8"]
+    assert slow.verdict == "not faster"
+    assert "int8 not faster than fp32 onnxruntime: 1.05x (0.2 vs 0.21 ms batch-1 p50)" in slow.detail
+    why = rec.why(chosen, base, cands, _rc(), "accuracy")
+    assert "no low-precision row qualified" in why and "onnxruntime int8 not faster (1.05x)" in why
+    assert "paddle-inference int8 over budget" in why and "paddle-inference fp16 emulated" in why
+
+
+def test_by_throughput_and_nothing_to_compare():
+    cands = rec.screen([_gate("onnxruntime fp32", "fp32"), _gate("onnxruntime int8", "int8")], _rc(by="throughput"))
+    rows = _rank({"onnxruntime fp32": 0.2, "onnxruntime int8": 0.1})
+    rows[1]["throughput_sps"] = 4000.0          # throughput decides, not p50: 4000 vs 5000 samples/s
+    chosen, _ = rec.choose(cands, rows, _rc(by="throughput"))
+    assert chosen.row == "onnxruntime fp32"
+    assert cands[1].verdict == "not faster" and "4000 vs 5000 samples/s" in cands[1].detail
+    cands = rec.screen([_gate("onnxruntime int8", "int8")], _rc())
+    assert rec.choose(cands, _rank({"onnxruntime int8": 0.1}), _rc()) is None
+    assert cands[0].verdict == "not compared"
+
+
+@pytest.mark.parametrize("bad", ["server.recommend.precisions=[int8]", "server.recommend.min_speedup=0.9",
+                                 "server.recommend.min_agreement=1.5"])
+def test_recommend_config_is_validated(bad):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        load_config([], [bad])

@@ -1,0 +1,216 @@
+"""Serving what was recommended, low precision included: old bundles, overrides, verify at the row's own tolerance,
+the smoke chain's record, and the OpenVINO bf16 row's decision and evidence."""
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline import capabilities as caps
+from pipeline import recommend as rec
+from pipeline.config import load_config
+from pipeline.engines import evidence
+
+
+def _cfg(folder: Path) -> dict:
+    return yaml.safe_load((folder / "infer_config.yaml").read_text())
+
+
+def _samples(folder: Path, cfg: dict) -> np.ndarray:
+    from pipeline.verify_model import _samples as samples
+
+    return samples(folder, cfg)
+
+
+# ------------------------------------------------------------------ the smoke chain's record (session fixture)
+
+@pytest.mark.slow
+def test_record_explains_the_choice_either_way(smoke_chain):
+    serving = json.loads((smoke_chain / "server" / "serving.json").read_text())
+    gates = {g["subject"]: g for g in json.loads((smoke_chain / "server" / "manifest.json").read_text())["gates"]}
+    cands = {c["row"]: c for c in serving["candidates"]}
+    assert cands[serving["row"]]["verdict"] == "chosen" and serving["why"]
+    assert {"paddle-inference int8", "onnxruntime int8", "openvino int8"} <= set(cands)     # int8 was allowed
+    for c in cands.values():
+        assert c["verdict"] in ("chosen", "slower", "not faster", "over budget", "no evidence", "emulated",
+                                "skipped", "failed gate", "not allowed", "failed to load"), c
+        assert c["verdict"] == "chosen" or c["detail"], c         # every verdict says why
+    fp32 = serving["fp32"]
+    assert fp32["row"].endswith(" fp32") and fp32["latency_ms_p50"] > 0 and fp32["metric"] is not None
+    if serving["precision"] == "fp32":
+        assert "no low-precision row qualified" in serving["why"]
+    else:       # a low-precision row: evidence, within budget, faster than fp32 by the margin
+        g, c = gates[serving["row"]], cands[serving["row"]]
+        assert evidence.head(g["precision_effective"]) == serving["precision"] and g["extra"]["evidence"]
+        assert c["speedup_vs_fp32"] >= serving["budget"]["min_speedup"]
+        assert serving["why"].startswith("fastest within budget")
+    assert cands["paddle-inference fp16"]["verdict"] == ("emulated" if not caps.gpu()["gpu"] else cands[
+        "paddle-inference fp16"]["verdict"])
+    if not caps.has_bf16():
+        assert cands["openvino bf16"]["verdict"] == cands["paddle-inference bf16"]["verdict"] == "skipped"
+
+
+@pytest.mark.slow
+def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
+    """Same rows, budget opened: every int8 row with evidence becomes a candidate (the screen reads real gates)."""
+    from pipeline.gates import Gate
+
+    gates = [Gate.from_dict(g) for g in json.loads((smoke_chain / "server" / "manifest.json").read_text())["gates"]]
+    rc = load_config([], ["server.recommend.max_metric_drop=1", "server.recommend.min_agreement=0"]).server.recommend
+    for c in rec.screen(gates, rc):
+        g = next(g for g in gates if g.subject == c.row)
+        if c.precision == "int8" and g.status == "OK" and evidence.head(g.precision_effective) == "int8":
+            assert c.verdict == rec.CANDIDATE and c.agreement is not None, c
+
+
+# ------------------------------------------------------------------ serve / verify load what was recommended
+
+@pytest.mark.slow
+def test_old_style_bundles_still_load(smoke_bundle):
+    from pipeline.serving import load_engine, serving_choice
+
+    folder, _ = smoke_bundle
+    cfg = _cfg(folder)
+    x, expected = _samples(folder, cfg)
+    old = {**cfg, "serving": {k: cfg["serving"][k] for k in ("engine", "by", "tuning")}}    # no precision/row/settings
+    kind, prec, settings = serving_choice(old)
+    assert (kind, prec) == (cfg["serving"]["engine"], "fp32") and settings["batch1"]["threads"] >= 1
+    for infer in (old, {**cfg, "serving": None}):                 # a bundle from before any recommendation
+        eng = load_engine(folder, infer)
+        assert eng.effective_precision == "fp32" and np.abs(eng.run(x) - expected).max() < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["paddle-inference", "onnxruntime", "openvino"])
+def test_int8_rows_are_served_from_their_own_files(smoke_bundle, kind):
+    from pipeline.serving import load_engine
+
+    folder, _ = smoke_bundle
+    cfg = _cfg(folder)
+    x, expected = _samples(folder, cfg)
+    eng = load_engine(folder, {**cfg, "serving": {**cfg["serving"], "engine": kind, "precision": "int8",
+                                                  "settings": {"batch1": {"threads": 1}, "batchN": {"threads": 1}}}})
+    assert eng.kind == kind and evidence.head(eng.effective_precision) in ("int8", "int8-simulated")
+    assert np.isfinite(eng.run(x)).all()
+    over = load_engine(folder, cfg, override=kind, precision="int8")      # --engine/--precision overrides
+    assert evidence.head(over.effective_precision) == evidence.head(eng.effective_precision)
+
+
+@pytest.mark.slow
+def test_bf16_without_a_bf16_cpu_serves_fp32(smoke_bundle, monkeypatch):
+    from pipeline.serving import load_engine
+
+    monkeypatch.setenv(caps.PROFILE_ENV, "avx2")
+    folder, _ = smoke_bundle
+    cfg = _cfg(folder)
+    for kind in ("paddle-inference", "openvino"):
+        eng = load_engine(folder, {**cfg, "serving": {**cfg["serving"], "engine": kind, "precision": "bf16"}})
+        assert eng.effective_precision == "fp32", kind
+
+
+@pytest.mark.slow
+def test_verify_holds_the_served_row_to_its_own_tolerance(smoke_bundle, tmp_path):
+    from pipeline.verify_model import verify_model_folder
+
+    src, _ = smoke_bundle
+    folder = tmp_path / "b"
+    shutil.copytree(src, folder)
+    cfg = _cfg(folder)
+    tol = {"atol": 0.1, "rtol": 1.0, "key": "server.gates.int8"}
+    cfg["serving"] = {**cfg["serving"], "engine": "onnxruntime", "precision": "int8", "tolerance": tol}
+    (folder / "infer_config.yaml").write_text(yaml.safe_dump(cfg))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    report = verify_model_folder(folder, manifest=manifest)         # hashes were checked by the caller
+    served = [c for c in report["checks"] if c["name"].startswith("served onnxruntime")]
+    assert served and all(c["passed"] for c in served), report["checks"]
+    assert all(c["key"].startswith("server.gates.int8") for c in served if c["name"].endswith("max_abs_diff on samples"))
+
+
+# ------------------------------------------------------------------ the OpenVINO bf16 row
+
+def _tiny_onnx(path: Path) -> Path:
+    """Conv -> Relu -> MatMul: compute ops whose runtime precision OpenVINO reports."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.RandomState(0)
+    init = [numpy_helper.from_array(rng.randn(4, 1, 3, 3).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.randn(256, 5).astype(np.float32), "M"),
+            numpy_helper.from_array(np.array([-1, 256], np.int64), "S")]
+    g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Reshape", ["r", "S"], ["f"]),
+                           helper.make_node("MatMul", ["f", "M"], ["y"])], "tiny",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5])], init)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_openvino_bf16_row_is_skipped_without_bf16(monkeypatch):
+    from stages.server import _openvino_bf16_row
+
+    monkeypatch.setenv(caps.PROFILE_ENV, "avx2")
+    ctx = SimpleNamespace(cfg=load_config([], []))
+    task = SimpleNamespace(primary_metric="accuracy")
+    g = _openvino_bf16_row(ctx, task, Path("unused.onnx"), ())
+    assert g.status == "SKIPPED" and "avx512_bf16/amx_bf16" in g.reason and "f32" in g.reason
+
+
+def test_openvino_bf16_label_follows_the_runtime_model(tmp_path, monkeypatch):
+    """Hint bf16 on a CPU without bf16: OpenVINO silently runs f32, and the label must say so (never 'bf16')."""
+    from pipeline.engines.ov import OpenVinoEngine, bf16_status
+
+    pytest.importorskip("openvino")
+    onnx_file = _tiny_onnx(tmp_path / "tiny.onnx")
+    monkeypatch.setenv(caps.PROFILE_ENV, "bf16")            # simulated: the row runs, the runtime model decides
+    ok, why = bf16_status()
+    assert ok and (("simulated" in why) == caps.simulated(caps.BF16_FLAGS))
+    eng = OpenVinoEngine(onnx_file, label="bf16")
+    ops = eng.evidence["runtime_precision_ops"]
+    assert eng.evidence["inference_precision_hint_requested"] == "bf16" and ops
+    if "bf16" in ops:          # a real bf16 CPU
+        assert eng.effective_precision == "bf16"
+    else:
+        assert eng.effective_precision.startswith("fp32 (bf16 not applied") and "f32" in eng.effective_precision
+    fp32 = OpenVinoEngine(onnx_file, label="fp32")          # fp32 rows keep the f32 hint on every CPU
+    assert fp32.evidence["inference_precision_hint"] == "f32" and set(fp32.evidence["runtime_precision_ops"]) == {"f32"}
+    x = np.random.RandomState(1).randn(2, 1, 8, 8).astype(np.float32)
+    if "bf16" not in ops:
+        assert np.array_equal(eng.run(x), fp32.run(x))
+
+
+@pytest.mark.slow
+def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
+    """The server stage's HTTP row on an int8 recommendation: subject, precision and tolerance are int8's."""
+    from pipeline.engines import registry
+    from pipeline.reference import load_reference
+    from stages.server import _http_row
+
+    cfg = load_config([Path("configs/smoke.yaml")], ["server.http.max_requests=8"])
+    ref = load_reference(smoke_chain / "export")
+    eng = registry.make_routed("onnxruntime", smoke_chain / "server" / "onnx" / "model_int8.onnx", "int8",
+                               {"batch1": {"threads": 1}, "batchN": {"threads": 1}})
+    g = _http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
+    assert g.subject == "http /predict int8" and g.precision_requested == "int8"
+    assert g.precision_effective == eng.effective_precision and g.extra["engine"] == "onnxruntime"
+    assert g.status == "OK", g.reason
+    assert any(c.key.startswith("server.gates.int8") for c in g.checks)
+
+
+@pytest.mark.slow
+def test_bundle_manifest_and_card_say_what_is_served(smoke_bundle):
+    folder, _ = smoke_bundle
+    served = json.loads((folder / "manifest.json").read_text())["serving"]
+    serving = _cfg(folder)["serving"]
+    assert {k: served[k] for k in ("engine", "precision", "row", "why")} == \
+        {k: serving[k] for k in ("engine", "precision", "row", "why")}
+    assert f"runs **{served['engine']} {served['precision']}**" in (folder / "MODEL_CARD.md").read_text()
+    from pipeline.serving import load_engine
+
+    assert (folder / serving["model"]).exists() or (folder / (serving["model"] + ".pdmodel")).exists()
+    assert evidence.head(load_engine(folder, _cfg(folder)).effective_precision) in (serving["precision"], "fp32")
