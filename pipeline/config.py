@@ -126,13 +126,17 @@ class Tolerance(Section):
     rtol: float = Field(default=0.0, ge=0)                   # + rtol x max|reference| (np.allclose-like)
     metric_delta: float = NonNegFloat                        # allowed drop of the primary metric
     min_agreement: Optional[float] = Field(default=None, ge=0, le=1)   # argmax / decoded-text agreement
+    # outputs that are probabilities (softmax / sigmoid) are compared as probabilities: max|p - p_ref| <=
+    # prob_atol (atol/rtol are for logits). Below 1: a probability cannot move by more than 1
+    prob_atol: Optional[float] = Field(default=None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _can_fail(self):
-        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound and no agreement
-        # floor the gate would pass any output, a broken model's included
-        if self.atol is None and self.metric_delta >= 1.0 and not self.min_agreement:
-            raise ValueError("this gate cannot fail (atol: null, metric_delta >= 1 and no min_agreement): "
+        # metrics live in [0, 1]: a drop of 1 is always allowed, so with no elementwise bound and no agreement floor
+        # the gate would pass any output, a broken model's included. One bound per output kind: the kind is known
+        # only with the model, so gates.evaluate_tol refuses the case where only the other kind's bound is set
+        if self.atol is None and self.prob_atol is None and self.metric_delta >= 1.0 and not self.min_agreement:
+            raise ValueError("this gate cannot fail (atol and prob_atol null, metric_delta >= 1 and no min_agreement): "
                              "set an atol, a metric_delta below 1 or a min_agreement above 0")
         return self
 
@@ -232,6 +236,7 @@ class BundleCfg(Section):
     samples: int = PosInt
     sample_atol: float = Field(gt=0)
     sample_rtol: float = NonNegFloat
+    sample_prob_atol: float = Field(gt=0, lt=1)
     sign_key: Optional[str]
 
 

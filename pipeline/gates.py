@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipeline.errors import ConfigError
+
 OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
 # produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
 UNVERIFIED = "UNVERIFIED"
@@ -125,13 +127,30 @@ def count_nonfinite(x: np.ndarray) -> int:
     return int(np.size(x) - np.count_nonzero(np.isfinite(x)))
 
 
+def output_kind(task) -> str:
+    """"probabilities" when the model ends in softmax/sigmoid (the task records it), else "logits"."""
+    return getattr(task, "outputs", "logits")
+
+
+def parity_limits(kind: str, atol: float | None, rtol: float, prob_atol: float | None) -> tuple:
+    """(atol, rtol, key suffix) of the elementwise check for an output kind. Logits: atol + rtol x scale.
+    Probabilities: as they are, max|p - p_ref| <= prob_atol. Their scale is fixed (0..1); log-probabilities
+    blow up where p ~ 0 (two tiny probabilities' logs differ by anything) and a relative bound means nothing
+    near 0 or 1, so the absolute bound is the meaningful one, and the decoded output (agreement, metric) is the
+    sharp check."""
+    if kind == "probabilities":
+        return prob_atol, 0.0, "prob_atol"
+    return atol, rtol, "atol/rtol" if rtol else "atol"
+
+
 def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | None, rtol: float = 0.0,
-                  key: str = "") -> list[Check]:
+                  key: str = "", suffix: str | None = None) -> list[Check]:
     """finite → shape → like np.allclose, per output: max|c - r| <= atol + rtol * max|r|.
 
     rtol is relative to the reference's scale (its largest magnitude), not elementwise: near-zero
     logits would otherwise get no tolerance at all. max_rel_diff is recorded, never gated.
-    `key` names the config prefix of the limit (e.g. "server.gates.fp16") for failure messages.
+    `key` names the config prefix of the limit (e.g. "server.gates.fp16") for failure messages, `suffix`
+    the key(s) under it (default "atol" or "atol/rtol").
     """
     bad = count_nonfinite(candidate)
     checks = [Check("finite", float(bad), 0.0, "<=", bad == 0)]
@@ -149,7 +168,8 @@ def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | No
     if atol is not None and rtol:
         limit = atol + rtol * scale
         detail = f"atol {atol:g} + rtol {rtol:g} x reference scale {scale:.4g}"
-    keys = f"{key}.atol" + ("/rtol" if rtol else "") if key and atol is not None else ""
+    suffix = suffix or ("atol/rtol" if rtol else "atol")
+    keys = f"{key}.{suffix}" if key and atol is not None else ""
     checks.append(Check("max_abs_diff", max_abs, limit, "<=", limit is None or max_abs <= limit, keys, detail))
     checks.append(Check("max_rel_diff", float(rel.max()) if rel.size else 0.0, None, "<=", True))
     return checks
@@ -182,19 +202,19 @@ def agreement_check(name: str, value: float, minimum: float | None, key: str = "
 
 def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
              value: float | None, max_drop: float, *, rtol: float = 0.0,
-             agreement=None, min_agreement: float | None = None, key: str = "") -> Gate:
+             agreement=None, min_agreement: float | None = None, key: str = "", suffix: str | None = None) -> Gate:
     """Fill gate.checks from a candidate/reference pair and decide the verdict.
 
     agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), called with
     the elementwise limit as the tie band; gated when min_agreement is set.
     key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
     """
-    gate.checks = parity_checks(candidate, reference, atol, rtol, key)
+    gate.checks = parity_checks(candidate, reference, atol, rtol, key, suffix)
     if gate.checks[0].passed and agreement is not None and len(gate.checks) > 2:
         band = gate.checks[1].limit                  # atol + rtol x scale (None: strict agreement)
         name, share, strict = agreement(candidate, reference, band)
-        detail = f"strict {strict:.4g}; within-tolerance ties ({band:.3g}) count as agreement" if band is not None \
-            else ""
+        ties = f"; within-tolerance ties ({band:.3g}) count as agreement" if band is not None and share != strict else ""
+        detail = f"strict {strict:.4g}{ties}"
         gate.checks.append(agreement_check(name, float(share), min_agreement, key, detail))
     if gate.checks[0].passed and value is not None and gate.reference is not None:
         gate.value = value
@@ -207,17 +227,19 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
 
 def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
                  task=None, key: str = "") -> Gate:
-    """evaluate() with a config Tolerance (atol, rtol, metric_delta, min_agreement) and the task's
-    agreement measure (argmax for classification, decoded text for recognition), in the task's comparison
-    space (probabilities as log-probabilities: a tolerance sized for logits means the same there)."""
+    """evaluate() with a config Tolerance and the task's agreement measure (argmax for classification, decoded
+    text for recognition, boxes for detection), with the elementwise bound of the task's output kind
+    (logits: atol/rtol; probabilities: prob_atol, see parity_limits)."""
     agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
-    space = getattr(task, "comparable", None) or (lambda a: a)
-    if count_nonfinite(candidate) == 0:
-        candidate, reference = space(candidate), space(reference)
-        if getattr(task, "outputs", "logits") == "probabilities":
-            gate.extra["compared_as"] = "log-probabilities (log max(p, 1e-6))"
-    evaluate(gate, candidate, reference, tol.atol, value, tol.metric_delta, rtol=getattr(tol, "rtol", 0.0),
-             agreement=agreement, min_agreement=getattr(tol, "min_agreement", None), key=key)
+    kind = output_kind(task)
+    atol, rtol, suffix = parity_limits(kind, tol.atol, getattr(tol, "rtol", 0.0), getattr(tol, "prob_atol", None))
+    if atol is None and tol.metric_delta >= 1.0 and not getattr(tol, "min_agreement", None):
+        raise ConfigError(f"{key or 'gate'}: cannot fail for a model whose outputs are {kind} ({suffix.split('/')[0]} "
+                          f"null, metric_delta >= 1 and no min_agreement)",
+                          hint=f"set {key}.{suffix.split('/')[0]}, a metric_delta below 1 or a min_agreement above 0")
+    gate.extra["compared_as"] = kind
+    evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
+             min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix)
     return _note_same_decoding(gate)
 
 
@@ -226,7 +248,7 @@ def _note_same_decoding(gate: Gate) -> Gate:
     the numbers moved, the answers did not (decide whether the tolerance or the engine is wrong)."""
     agree = [c for c in gate.checks if c.name.endswith("agreement")]
     elementwise = [c for c in gate.checks if c.name == "max_abs_diff" and not c.passed]
-    strict_all = agree and (agree[0].detail.startswith("strict 1;") or (not agree[0].detail and agree[0].observed == 1.0))
+    strict_all = agree and agree[0].detail.split(";")[0] == "strict 1"
     if gate.status == FAIL and elementwise and strict_all:
         gate.reason += (f"; the decoded output ({agree[0].name}) is identical on every sample: only the elementwise "
                         f"values differ beyond {elementwise[0].key or 'the tolerance'}")

@@ -29,6 +29,7 @@ def _limit(g: Gate) -> str:
             continue
         name = SHORT.get(c.name, "atol" if "max_abs_diff" in c.name else
                          "drop" if c.name.endswith("_drop") else "agree" if c.name.endswith("_agreement") else c.name)
+        name = "|Δp|" if name == "atol" and c.key.endswith("prob_atol") else name     # compared as probabilities
         parts.append(f"{name} {'≤' if c.op == '<=' else '≥'} {c.limit:.3g}")
     return ", ".join(dict.fromkeys(parts))
 

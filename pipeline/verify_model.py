@@ -15,11 +15,12 @@ import numpy as np
 from . import bundle_layout as layout
 from .bundle import inside_bundle, load_infer_config, verify_hashes
 from .errors import DataError, IntegrityError
-from .gates import Check, parity_checks
+from .gates import Check, output_kind, parity_checks, parity_limits
 from .preprocess import decode_image_bytes, to_tensor
 
-# bundles written before bundle.sample_atol/rtol existed carry no sample_check: their tolerance was this
-LEGACY_SAMPLE_CHECK = {"atol": 1e-4, "rtol": 0.0}
+# bundles written before bundle.sample_atol/rtol existed carry no sample_check: their tolerance was this; those
+# written before bundle.sample_prob_atol compared probabilities as log-probabilities: they get its default
+LEGACY_SAMPLE_CHECK = {"atol": 1e-4, "rtol": 0.0, "prob_atol": 1e-3}
 
 
 def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -38,17 +39,20 @@ def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict, tol: dict | None = None) -> list[dict]:
     """The gates' own parity checks (NaN/Inf, shape, max abs diff), named for the engine, with the bundle's
-    sample tolerance (or `tol`: a served low-precision row's own gate tolerance), in the task's comparison space
-    (probabilities as log-probabilities); the limit-less max_rel_diff is left out of a pass/fail report."""
+    sample tolerance for the model's output kind (logits: sample_atol/rtol; probabilities: sample_prob_atol), or
+    `tol`: a served low-precision row's own gate tolerance (its prob_atol is null in fp16/bf16/int8: NaN/Inf only,
+    the server stage judged its decoded output); the limit-less max_rel_diff is left out of a pass/fail report."""
     from .tasks import get_task
 
-    tol = tol or cfg.get("sample_check") or LEGACY_SAMPLE_CHECK
-    space = getattr(get_task(cfg["task"], cfg.get("postprocess")), "comparable", None) or (lambda a: a)
-    if np.isfinite(out).all():
-        out, expected = space(out), space(expected)
+    if tol is None:
+        tol, key, prefix = {**LEGACY_SAMPLE_CHECK, **(cfg.get("sample_check") or {})}, "bundle", "sample_"
+    else:
+        key, prefix = tol.get("key", "bundle.sample"), ""
+    kind = output_kind(get_task(cfg["task"], cfg.get("postprocess")))
+    atol, rtol, suffix = parity_limits(kind, tol["atol"], tol.get("rtol", 0.0), tol.get("prob_atol"))
+    keys = "/".join(f"{prefix}{k}" for k in suffix.split("/"))     # bundle.sample_atol/sample_rtol, ...
     return [{**asdict(c), "name": f"{engine} {c.name} on samples"}
-            for c in parity_checks(out, expected, tol["atol"], tol.get("rtol", 0.0), key=tol.get("key", "bundle.sample"))
-            if c.limit is not None]
+            for c in parity_checks(out, expected, atol, rtol, key=key, suffix=keys) if c.limit is not None]
 
 
 def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:

@@ -41,7 +41,7 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None, sam
         "primary_metric": info["primary_metric"],
         "models": export_info,
         "serving": serving or None,     # recommended engine + measured settings (pipeline/serving.py)
-        "sample_check": sample_check,   # `verify`'s tolerance on the bundled samples (bundle.sample_atol/rtol)
+        "sample_check": sample_check,   # `verify`'s tolerance on the bundled samples (bundle.sample_atol/rtol/prob_atol)
     }
 
 
@@ -90,7 +90,8 @@ def run(ctx: StageContext) -> StageResult:
         k = min(cfg.bundle.samples, len(z["labels"]))
         write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
     atomic_write_text(b / bundle_layout.INFER_CONFIG, yaml.safe_dump(infer_config(
-        info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol}), sort_keys=False))
+        info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol,
+                                "prob_atol": cfg.bundle.sample_prob_atol}), sort_keys=False))
     files, public_key = _write_manifest(ctx, b, name, version, info, sign_key, serving)
 
     gate = _self_verify(cfg, b, public_key)

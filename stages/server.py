@@ -44,15 +44,16 @@ def batch_sizes(cfg, prefix, x) -> dict:
             "calib": calib_batch(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
 
 
-def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested) -> Gate:
+def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested, batches=None) -> Gate:
     from pipeline.engines.base import ShapeRouted
 
     t0 = time.perf_counter()
-    out = engine.run_batched(x, ctx.batches["gate"])
+    batches = batches or ctx.batches
+    out = engine.run_batched(x, batches["gate"])
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
     checked, ref_checked = out, ref_out
     if isinstance(engine, ShapeRouted):   # the batch-1 instance has its own settings and answers single requests
-        k = min(len(x), ctx.batches["gate"])
+        k = min(len(x), batches["gate"])
         checked = np.concatenate([out, *(engine.run(x[i:i + 1]) for i in range(k))])
         ref_checked = np.concatenate([ref_out, ref_out[:k]])
     label, proof = engine.effective_precision, dict(engine.evidence)
@@ -63,7 +64,7 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     if checked is not out:
         gate.extra["batch1_instance_samples"] = len(checked) - len(out)     # also inside the elementwise check
     pc = ctx.cfg.server.perf
-    gate.extra.update(engine.perf(x, ctx.batches["perf"], warmup=pc.warmup, repeats=pc.repeats))
+    gate.extra.update(engine.perf(x, batches["perf"], warmup=pc.warmup, repeats=pc.repeats))
     gate.extra["notes"] = list(engine.notes)
     if hasattr(task, "agreement") and np.isfinite(out).all():   # the strict share is what the serving budget reads
         measure, _, strict = task.agreement(out, ref_out, None)
@@ -157,6 +158,11 @@ def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info
             emu_info = pi.make_fp16_emulated(prefix, emu, "fp16")
             eng = pi.InferenceEngine(emu, "fp16", **common)
             info_out["fp16_emulation"] = emu_info
+            # its rounding casts add tensors (~2.5x the activations): batches sized on the fp32 program took the
+            # v4 det server stage to 7.5 GB
+            emu_batches = batch_sizes(ctx.cfg, emu, x)
+            info_out["fp16_emulation"]["batch_sizes"] = emu_batches
+            return _row(ctx, task, "fp16", eng, *args, "fp16", batches=emu_batches)
         return _row(ctx, task, "fp16", eng, *args, "fp16")
     if prec == "bf16":
         ok, why = pi.bf16_status()
@@ -387,7 +393,8 @@ def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, me
             "budget": {"precisions": list(rc.precisions), "max_metric_drop": rc.max_metric_drop,
                        "min_agreement": rc.min_agreement, "min_speedup": rc.min_speedup},
             # the served row's own tolerance: `verify` checks the bundle's samples with it
-            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "key": f"server.gates.{chosen.precision}"},
+            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "prob_atol": tol.prob_atol,
+                          "key": f"server.gates.{chosen.precision}"},
             "candidates": [c.to_dict() for c in cands], "ranking": rows, "tuning": tuning}
 
 

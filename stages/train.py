@@ -257,15 +257,15 @@ def _validation_gate(cfg, task, model, val_x, ds, plan, value, history) -> Gate:
 
 
 def _note_output_kind(task, model, x: np.ndarray) -> None:
-    """A model ending in softmax (PaddleOCR's recognizers) gets a loss and gates that know it."""
+    """A model ending in softmax (PaddleOCR's recognizers and cls) gets a loss and gates that know it."""
     from pipeline.train_loop import predict
 
-    if hasattr(task, "outputs"):
+    if getattr(task, "outputs", None) == "logits":        # detection maps are probabilities by definition
         from pipeline.tasks.recognition import is_probabilities
         if is_probabilities(predict(model, x[:4])):
             task.outputs = "probabilities"
-            log.info("[train] the model outputs probabilities (softmax): CTC gets log-probabilities, gates compare "
-                     "log-probabilities")
+            log.info("[train] the model outputs probabilities (softmax): the loss gets log-probabilities, gates "
+                     "compare probabilities")
 
 
 def _pretrained_metrics(task, model, ds, spec) -> dict:

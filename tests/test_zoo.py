@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from pipeline.engines import lite, program_repair
+from pipeline.engines import amp_emulation, lite, program_repair
 from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
 from tests.clirun import pipeline_cli as _cli
 
@@ -48,11 +48,11 @@ def test_zoo_builds_every_registered_model():
 def test_fp16_emulation_follows_paddle_op_lists(hybrid, tmp_path):
     prefix, x = hybrid
     info = make_fp16_emulated(prefix, tmp_path / "emu" / "model")
-    # white list in fp16, layer_norm/softmax (black list) stay fp32 and are never given casts on
-    # Mean/Variance (the outputs inference never fills: casting them crashed Paddle Inference)
-    assert {"conv2d", "matmul_v2"} <= set(info["low_precision_ops"])
-    assert {"layer_norm", "softmax"} <= set(info["fp32_ops_black_list"])
-    assert "layer_norm" not in info["low_precision_ops"] and "softmax" not in info["low_precision_ops"]
+    # as Paddle Inference's mixed-precision pass: layer_norm/softmax run in fp16 too (only the pass's default
+    # black list stays fp32), and layer_norm's Mean/Variance (outputs inference never fills: casting them crashed
+    # Paddle Inference) are never given casts
+    assert {"conv2d", "matmul_v2", "layer_norm", "softmax"} <= set(info["low_precision_ops"])
+    assert set(info["fp32_ops_black_list"]) <= amp_emulation.INFERENCE_BLACK
     # conv (+ bias) + batch_norm are one fused op on a GPU predictor: only the normalised output is rounded
     assert info["batch_norms_folded"] >= 3
     fp32, emu = InferenceEngine(prefix), InferenceEngine(tmp_path / "emu" / "model", "fp16")
@@ -111,7 +111,7 @@ def test_user_model_by_import_path_train_export_deploy_on_default_gates(tmp_path
     lite_man = json.loads((run / "lite" / "manifest.json").read_text())
     assert any("swish@" in r and "beta" in r for r in lite_man["info"]["restored_for_lite"])
     server = json.loads((run / "server" / "manifest.json").read_text())
-    assert "layer_norm" in server["info"]["fp16_emulation"]["fp32_ops_black_list"]
+    assert "layer_norm" in server["info"]["fp16_emulation"]["low_precision_ops"]
     fp16 = next(g for g in server["gates"] if g["subject"] == "paddle-inference fp16")
     assert {"max_abs_diff", "argmax_agreement", "accuracy_drop"} <= {c["name"] for c in fp16["checks"]}
 

@@ -1,27 +1,31 @@
-"""Emulate Paddle's mixed-precision inference (fp16 / bf16) on a CPU that has no such kernels.
+"""Emulate Paddle Inference's mixed-precision model (fp16 / bf16) on a CPU that has no such kernels.
 
-What a GPU fp16 predictor does (Paddle's auto_mixed_precision pass + its fp16 op lists), applied to
-an fp32 program by inserting rounding casts (cast fp32→low→fp32 has CPU kernels):
-  * white-list ops (conv2d, depthwise_conv2d, matmul(_v2), mul, fc, ...) compute in low precision:
-    their float inputs, weights and outputs are rounded;
-  * black-list ops (layer_norm, softmax, exp, log, reduce_*, ...: paddle.static.amp's black list plus
-    the inference pass's default black list) compute in fp32 on fp32 (cast-back) inputs;
-  * every other op is "gray": low precision when one of its float inputs already is (it follows its
-    producers), fp32 otherwise; batch_norm keeps its fp32 statistics/affine parameters, as Paddle does;
-  * batch_norm right after a convolution is folded into it, as Paddle's GPU passes do before the
-    mixed-precision pass (conv_bn_fuse_pass; map_op_to_another_pass makes depthwise convs conv2d):
-    the convolution's raw output is never rounded, the normalised one is. Rounding before the
-    normalisation would multiply the rounding error by gamma/sigma, which real fp16 never does;
-  * keep_io_types: the feed stays fp32 and the fetched output is cast back to fp32;
+What ships on a GPU (`convert_to_mixed_precision` / `enable_use_gpu(..., Half)`: Paddle 2.6's
+paddle/fluid/framework/ir/auto_mixed_precision_pass.cc), applied to an fp32 program by inserting rounding
+casts (cast fp32→low→fp32 has CPU kernels):
+  * every op runs in low precision (its float inputs, weights and outputs rounded) unless it is on the
+    pass's default black list (SetDefaultBlacklist: cast, exp, square, log, mean, sum, the cross-entropy
+    ops, conv2d_transpose, reduce_sum), or has a `dtype`/`out_dtype` attribute other than fp32, or is a
+    `scale` whose scale/bias overflow the low type. This is NOT paddle.static.amp's training list: on a GPU
+    predictor softmax, layer_norm, sigmoid and interpolation run in fp16 and their outputs are rounded;
+  * black-list ops compute in fp32 on their (already rounded) inputs; the next low-precision op rounds
+    their output again;
+  * batch_norm keeps Scale/Bias/Mean/Variance in fp32, layer_norm/instance_norm keep Scale/Bias
+    (InputVarsNotConvert); integer and bookkeeping tensors are never touched;
+  * batch_norm right after a convolution is folded into it, as the GPU predictor's passes do before the
+    mixed-precision pass (conv_bn_fuse_pass): the convolution's raw output is never rounded, the
+    normalised one is. Rounding before the normalisation would multiply the error by gamma/sigma;
+  * keep_io_types: the feed stays fp32 and the fetched output is the rounded value cast back to fp32;
   * only outputs a later op reads (or the fetch) are rounded: outputs inference never fills
     (layer_norm Mean/Variance, batch_norm SavedMean/..., XShape, dropout Mask) are never touched.
-Rounding is the only numerical effect emulated; the math in between runs in fp32 (real fp16 kernels
-accumulate in fp32 as well). The result is an accuracy preview, labelled "<dtype>-emulated".
+Not emulated: the pass also needs a GPU low-precision kernel for the op (this CPU build has no CUDA kernel
+registry to ask; common ops all have one), and GPU-only fusions (attention, fc+layer_norm) that change which
+intermediates exist. Rounding is the only numerical effect emulated; the math in between runs in fp32 (GPU
+fp16 kernels accumulate in fp32 as well). The result is an accuracy preview, labelled "<dtype>-emulated".
 """
 from __future__ import annotations
 
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
-import logging
 import os
 from pathlib import Path
 
@@ -31,38 +35,22 @@ import paddle
 from pipeline.errors import PipelineError
 
 SUFFIX = {"fp16": ".fp16emu", "bf16": ".bf16emu"}
-# Beyond paddle.static.amp's white list: ops Paddle Inference runs in fp16 on GPU (they have fp16
-# kernels and are not on the pass's black list), named explicitly so the emulation does not depend
-# on the CUDA kernel registry this CPU build lacks.
-_EXTRA_WHITE = {"depthwise_conv2d", "fc", "fused_conv2d", "conv2d_fusion", "fused_matmul", "bmm"}
-# paddle/fluid/framework/ir/auto_mixed_precision_pass.cc SetDefaultBlacklist()
-_INFERENCE_BLACK = {"cast", "exp", "square", "log", "mean", "sum", "softmax_with_cross_entropy",
-                    "sigmoid_cross_entropy_with_logits", "c_softmax_with_cross_entropy", "cross_entropy",
-                    "cross_entropy2", "conv2d_transpose", "reduce_sum"}
+# paddle/fluid/framework/ir/auto_mixed_precision_pass.cc SetDefaultBlacklist() (2.6): the only ops a GPU
+# predictor keeps in fp32 by type (the user's mixed_black_list adds to it; the pipeline sets none)
+INFERENCE_BLACK = frozenset({"cast", "exp", "square", "log", "mean", "sum", "softmax_with_cross_entropy",
+                             "sigmoid_cross_entropy_with_logits", "c_softmax_with_cross_entropy", "cross_entropy",
+                             "cross_entropy2", "conv2d_transpose", "reduce_sum"})
 # Outputs that are bookkeeping, not activations.
 _SKIP_OUT_SLOTS = {"XShape", "SavedMean", "SavedVariance", "MeanOut", "VarianceOut", "ReserveSpace", "Mask",
                    "Mean", "Variance"}
-# Parameters Paddle keeps in fp32 even when the op runs in low precision (normalisation statistics).
-_FP32_PARAM_SLOTS = {"Scale", "Bias", "Mean", "Variance"}
+# Parameters the pass keeps in fp32 when the op runs in low precision (InputVarsNotConvert).
+_FP32_PARAMS = {"batch_norm": {"Scale", "Bias", "Mean", "Variance"}, "layer_norm": {"Scale", "Bias"},
+                "instance_norm": {"Scale", "Bias"}}
 _NON_COMPUTE = {"feed", "fetch"}
+_DTYPE_ATTR_EXEMPT = {"arg_max", "arg_min"}      # their int64 `dtype` is the index type, not a precision
+_LOW_MAX = {"fp16": 65504.0, "bf16": 3.38e38}
 # Convolutions whose batch_norm Paddle's GPU inference folds into the weights before the AMP pass.
 _FOLDS_BN = {"conv2d", "depthwise_conv2d"}
-
-
-def op_lists(dtype: str = "fp16") -> tuple[set[str], set[str]]:
-    """(white, black) op types for the emulated dtype, from Paddle's own AMP lists."""
-    from paddle.static.amp import fp16_lists
-
-    amp_dtype = {"fp16": "float16", "bf16": "bfloat16"}[dtype]
-    quiet = fp16_lists._logger.level
-    fp16_lists._logger.setLevel(logging.ERROR)    # "On current GPU, bfloat16 is not supported ...": no GPU here
-    try:
-        lists = fp16_lists.AutoMixedPrecisionLists(dtype=amp_dtype)
-    finally:
-        fp16_lists._logger.setLevel(quiet)
-    white = set(lists.white_list) | _EXTRA_WHITE
-    black = (set(lists.black_list) | _INFERENCE_BLACK) - white
-    return white, black
 
 
 def _np_round(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -74,9 +62,9 @@ def _np_round(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class _Emulator:
-    def __init__(self, block, dtype: str, white: set[str], black: set[str]):
+    def __init__(self, block, dtype: str, black: frozenset[str] = INFERENCE_BLACK):
         vt = paddle.base.core.VarDesc.VarType
-        self.block, self.dtype, self.white, self.black = block, dtype, white, black
+        self.block, self.dtype, self.black = block, dtype, black
         self.fp32, self.dense = vt.FP32, vt.LOD_TENSOR
         self.low = vt.FP16 if dtype == "fp16" else vt.BF16
         self.half: set[str] = set()          # vars holding low-precision values
@@ -84,6 +72,7 @@ class _Emulator:
         self.params: set[str] = set()        # persistable weights to round
         self.n_casts = 0
         self.low_ops: dict[str, int] = {}
+        self.kept_ops: dict[str, int] = {}   # compute ops left in fp32 (black list, typed attributes)
         self.folded: set[str] = set()        # conv outputs only a folded batch_norm reads (never rounded)
         self.consumers: dict[str, list] = {}   # var → ops reading it (only outputs something reads are rounded)
         self.producers: dict[str, object] = {}
@@ -106,11 +95,18 @@ class _Emulator:
         self.n_casts += 1
 
     def _runs_low(self, op) -> bool:
-        if op.type in self.white or self._is_folded(op):
-            return True
+        """GetOpPrecision of the inference pass: low unless black-listed, typed otherwise, or out of range."""
         if op.type in self.black or op.type in _NON_COMPUTE:
             return False
-        return any(n in self.half for slot in op.input_names for n in op.input(slot))
+        attrs = set(op.attr_names)
+        for attr in ("dtype", "out_dtype"):
+            if attr in attrs and op.type not in _DTYPE_ATTR_EXEMPT:
+                if op.attr(attr) not in (self.fp32, -1):
+                    return False
+                break       # the pass checks `dtype` first, `out_dtype` only without it
+        if op.type == "scale":
+            return all(abs(float(op.attr(a))) <= _LOW_MAX[self.dtype] for a in ("scale", "bias") if a in attrs)
+        return True
 
     def _round_inputs(self, i: int, op) -> int:
         """Round the op's fp32 activation inputs before it; returns how many ops were inserted."""
@@ -118,7 +114,7 @@ class _Emulator:
         for slot in op.input_names:
             for name in op.input(slot):
                 if self._persistable(name):
-                    if self._float(name) and not (slot in _FP32_PARAM_SLOTS and op.type.endswith("_norm")):
+                    if self._float(name) and slot not in _FP32_PARAMS.get(op.type, ()):
                         self.params.add(name)
                     continue
                 if name in self.half or name in self.folded or not self._float(name):
@@ -191,6 +187,8 @@ class _Emulator:
         while i < len(self.block.ops):
             op = self.block.ops[i]
             if not self._runs_low(op):
+                if op.type not in _NON_COMPUTE:
+                    self.kept_ops[op.type] = self.kept_ops.get(op.type, 0) + 1
                 i += 1
                 continue
             self.low_ops[op.type] = self.low_ops.get(op.type, 0) + 1
@@ -212,14 +210,13 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
     desc = _program_desc(model_prefix)
     if any(s in v.name for s in SUFFIX.values() for v in desc.blocks[0].vars):
         raise PipelineError(f"{model_prefix} is already emulating low precision", hint="emulate the fp32 model")
-    white, black = op_lists(dtype)
     paddle.enable_static()
     try:
         scope, place = paddle.static.Scope(), paddle.CPUPlace()
         with paddle.static.scope_guard(scope):
             exe = paddle.static.Executor(place)
             prog, feed_names, fetch_vars = paddle.static.load_inference_model(str(model_prefix), exe)
-            emu = _Emulator(prog.global_block(), dtype, white, black)
+            emu = _Emulator(prog.global_block(), dtype)
             emu.run()
             for name in sorted(emu.params):
                 var = scope.find_var(name)
@@ -239,4 +236,5 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
     return {"label": f"{dtype}-emulated", "casts_inserted": 2 * emu.n_casts, "params_rounded": len(emu.params),
             "batch_norms_folded": sum(op.type == "batch_norm" and emu._is_folded(op) for op in prog.global_block().ops),
             "low_precision_ops": dict(sorted(emu.low_ops.items())),
-            "fp32_ops_black_list": sorted({op.type for op in prog.global_block().ops} & black)}
+            "fp32_ops_black_list": sorted({op.type for op in prog.global_block().ops} & INFERENCE_BLACK),
+            "fp32_ops_kept": dict(sorted(emu.kept_ops.items()))}

@@ -6,7 +6,7 @@ def get_task(name: str, post: dict | None = None):
     """`post`: the task's post-processing parameters (config section or infer_config's postprocess)."""
     if name == "classification":
         from .classification import ClassificationTask
-        return ClassificationTask()
+        return ClassificationTask(post)
     if name == "recognition":
         from .recognition import RecognitionTask
         return RecognitionTask(post)
@@ -15,6 +15,6 @@ def get_task(name: str, post: dict | None = None):
         return DetectionTask(post)
     if name == "text_direction":
         from .text_direction import TextDirectionTask
-        return TextDirectionTask()
+        return TextDirectionTask(post)
     from ..errors import ConfigError
     raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition | detection | text_direction")

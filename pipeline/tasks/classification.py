@@ -13,6 +13,10 @@ class ClassificationTask:
     primary_metric = "accuracy"
     output_layout = "[N, classes]"      # rank checked with one forward pass before training
 
+    def __init__(self, post: dict | None = None):
+        # "probabilities": the model ends in softmax (PaddleOCR's cls); detected on its first output
+        self.outputs = (post or {}).get("outputs", "logits")
+
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         h, w = data_cfg["height"], data_cfg["width"]
         info = {"source": data_cfg["source"], "channels": data_cfg["channels"], "height": h, "width": w}
@@ -62,8 +66,13 @@ class ClassificationTask:
                             "height": h, "width": w, "image_size": h})
 
     def loss(self, logits, labels):
+        import paddle
         import paddle.nn.functional as F
-        return F.cross_entropy(logits.astype("float32"), labels)
+
+        logits = logits.astype("float32")
+        if self.outputs == "probabilities":      # softmax(log p) = p: no second softmax
+            logits = paddle.log(paddle.clip(logits, min=1e-6))
+        return F.cross_entropy(logits, labels)
 
     def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         if not has_labels(labels):          # no ground truth: say so (None), never invent a number
@@ -84,9 +93,10 @@ class ClassificationTask:
         return "argmax_agreement", float((strict | tie).sum() / n) if len(a) else 1.0, float(strict.sum() / n) if len(a) else 1.0
 
     def decode(self, outputs: np.ndarray, info: dict) -> list:
-        logits = outputs.reshape(len(outputs), -1).astype(np.float64)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
+        probs = outputs.reshape(len(outputs), -1).astype(np.float64)
+        if self.outputs != "probabilities":      # a second softmax would flatten PaddleOCR's scores
+            probs = np.exp(probs - probs.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
         idx = probs.argmax(axis=1)
         names = info.get("labels") or []              # an unlabelled import knows no class names
         return [{"label": names[i] if i < len(names) else str(i), "index": int(i), "score": float(probs[k, i])} for k, i in enumerate(idx)]
@@ -96,4 +106,4 @@ class ClassificationTask:
                 "mean": 0.5, "std": 0.5, "resize": "stretch", "color": "L"}
 
     def postprocess_spec(self, info: dict) -> dict:
-        return {"type": "softmax_argmax", "labels": list(info["labels"])}
+        return {"type": "softmax_argmax", "labels": list(info["labels"]), "outputs": self.outputs}

@@ -25,6 +25,7 @@ class DetectionTask:
     primary_metric = "hmean"
     labels_are_classes = False        # quads, not class ids: the trainer's label-range check does not apply
     output_layout = "[N, 1, H, W]"    # probability map (eval); rank checked with one forward pass before training
+    outputs = "probabilities"         # a sigmoid map: gates compare probabilities (pipeline/gates.py parity_limits)
 
     def __init__(self, post: dict | None = None):
         post = dict(post or {})
@@ -115,6 +116,14 @@ class DetectionTask:
         preds = [q for q, _ in self.boxes(outputs)]
         gts = unpack_with_ignore(labels)
         return detection_scores(preds, [g for g, _ in gts], self.iou, [i for _, i in gts])
+
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray, band: float | None = None) -> tuple[str, float, float]:
+        """(name, agreement, strict agreement): hmean of the candidate's boxes scored against the reference's
+        boxes as ground truth (IoU >= detection.iou): 1.0 when both maps give the same boxes. No tie band."""
+        got = [q for q, _ in self.boxes(candidate)]
+        want = [q for q, _ in self.boxes(reference)]
+        share = float(detection_scores(got, want, self.iou)["hmean"]) if len(candidate) else 1.0
+        return "box_agreement", share, share
 
     def decode(self, outputs: np.ndarray, info: dict, sizes: list | None = None) -> list[dict]:
         """Boxes per image; sizes: the images' original (h, w), so boxes come back in their pixels."""

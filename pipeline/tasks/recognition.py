@@ -3,8 +3,8 @@
 Data: synthetic invoice lines (pipeline/data/textlines.py), a user's PaddleOCR label file
 (pipeline/data/labelfile.py) or a folder of unlabelled line images. Labels are int64 [N, max_len],
 class = charset index + 1, padded with -1; class 0 is the CTC blank. Outputs are logits [N, T, num_classes],
-or probabilities (PaddleOCR's exported recognizers end in softmax): the loss and the gates then work on
-log-probabilities (see `log_probs`).
+or probabilities (PaddleOCR's exported recognizers end in softmax): the loss then works on log-probabilities
+(see `log_probs`) and the gates compare probabilities (pipeline/gates.py parity_limits).
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, en
 from .base import Datasets, Split, has_labels, unlabelled
 
 _SOURCES = ("synthetic", "folder", "pages", "images")
-# Probabilities are compared as log(max(p, floor)): a difference in log space is a difference in logits
-# (the space fp32 tolerances were measured in); below the floor a class is out of the race either way.
+# CTC on probabilities takes log(max(p, floor)): a class below the floor is out of the race either way
 PROB_FLOOR = 1e-6
 
 
@@ -223,10 +222,6 @@ class RecognitionTask:
                           blank=0, reduction="mean")
 
     # ------------------------------------------------------------------ numpy side
-    def comparable(self, outputs: np.ndarray) -> np.ndarray:
-        """The space gates compare in: logits as they are, probabilities as log-probabilities."""
-        return log_probs(outputs) if self.outputs == "probabilities" else outputs
-
     def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
         if not has_labels(labels):       # no ground truth: say so (None), never invent a number
             return {"seq_accuracy": None, "char_accuracy": None}

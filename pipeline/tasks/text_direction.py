@@ -54,4 +54,4 @@ class TextDirectionTask(ClassificationTask):
                 "color": "bgr" if self._color(data_cfg) else "gray"}
 
     def postprocess_spec(self, info: dict) -> dict:
-        return {"type": "softmax_argmax", "labels": list(info.get("labels") or LABELS)}
+        return {"type": "softmax_argmax", "labels": list(info.get("labels") or LABELS), "outputs": self.outputs}
