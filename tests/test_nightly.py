@@ -33,20 +33,20 @@ def _measured_everything(stdout: str) -> None:
 
 
 def test_default_task_nightly_accept_nightly(smoke_chain, tmp_path):
+    """The session's smoke run is accepted as the first baseline, so one nightly covers nightly -> accept ->
+    nightly on the default task (the recognition test below runs two nightlies back to back)."""
     common = _common(tmp_path, "configs/smoke.yaml") + ["-o", "run.name=smoke", "-o", "train.min_metric=0.05"]
     accepted = pipeline_cli("accept", smoke_chain, *common, check=True)     # the session's smoke run as first baseline
     assert "baseline is now" in accepted.stdout
-    first, out = _nightly(common)
-    assert first.name.startswith("smoke-") and "baseline: smoke (accepted)" in out
+    night, out = _nightly(common)
+    assert night.name.startswith("smoke-") and "baseline: smoke (accepted)" in out
     _measured_everything(out)
-    pipeline_cli("accept", *common, check=True)                             # default: the newest run of the series
-    second, out = _nightly(common)
-    assert f"baseline: {first.name} (accepted)" in out
-    _measured_everything(out)
-    junit = (second / "junit.xml").read_text()
-    served = json.loads((second / "server" / "serving.json").read_text())["engine"]
-    assert f"latency · server: {served} fp32 (A/B)" in junit                 # the served engine was timed A/B
-    assert sorted(p.name for p in second.iterdir() if (p / "manifest.json").is_file()) == sorted(for_task("classification"))
+    promoted = pipeline_cli("accept", *common, check=True)                  # default: the newest run of the series
+    assert f"baseline is now {night}" in promoted.stdout
+    junit = (night / "junit.xml").read_text()
+    served = json.loads((night / "server" / "serving.json").read_text())
+    assert f"latency · server: {served['engine']} {served['precision']} (A/B)" in junit    # the served row was timed A/B
+    assert sorted(p.name for p in night.iterdir() if (p / "manifest.json").is_file()) == sorted(for_task("classification"))
 
 
 def test_recognition_nightly_accept_nightly_and_a_planted_slowdown(tmp_path):
