@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import bundle_layout
 from .artifacts import load_manifest
 
 log = logging.getLogger("pipeline")
@@ -89,18 +90,12 @@ def _model_file(run_dir: Path, kind: str, precision: str, scratch: Path) -> Path
     from .engines import paddle_infer as pi
 
     run_dir = Path(run_dir)
-    export, server = run_dir / "export" / "inference", run_dir / "server"
-    if kind == "paddle-inference":
-        if precision == "fp16":
-            emu = scratch / run_dir.name / "fp16_emulated"
-            pi.make_fp16_emulated(export, emu)
-            return emu
-        return server / "models" / "int8" / "model" if precision == "int8" else export
-    if kind == "onnxruntime":
-        return server / "onnx" / ("model_int8.onnx" if precision == "int8" else "model.onnx")
-    if kind == "openvino":
-        return server / "openvino" / "model_int8.xml" if precision == "int8" else server / "onnx" / "model.onnx"
-    return None
+    export = run_dir / "export" / "inference"
+    if kind == "paddle-inference" and precision == "fp16":
+        emu = scratch / run_dir.name / "fp16_emulated"
+        pi.make_fp16_emulated(export, emu)
+        return emu
+    return bundle_layout.server_stage_model(run_dir / "server", export, kind, precision)
 
 
 def rebuild(run_dir: Path, gate: dict, settings: dict, scratch: Path):

@@ -37,6 +37,18 @@ SERVER_STAGE_MODELS = {"onnx/model_int8.onnx": ONNX_INT8, "openvino/model_int8.x
                        "openvino/model_int8.bin": "server/openvino/model_int8.bin"}
 
 
+def server_stage_model(server_dir, export_prefix, kind: str, precision: str):
+    """Where the server stage wrote the model a row runs, inside its run (a Paddle prefix for paddle-inference;
+    bf16 runs the fp32 model with the engine's bf16 switch); None for an engine without server-stage files."""
+    if kind == "paddle-inference":
+        return export_prefix if precision in ("fp32", "bf16") else server_dir / "models" / precision / "model"
+    if kind not in ("onnxruntime", "openvino"):
+        return None
+    if precision == "int8":
+        return server_dir / ("onnx/model_int8.onnx" if kind == "onnxruntime" else "openvino/model_int8.xml")
+    return server_dir / "onnx" / "model.onnx"
+
+
 def serving_model(kind: str, precision: str) -> str:
     """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference)."""
     return _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])

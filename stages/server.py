@@ -408,16 +408,6 @@ def _served_settings(kind: str, precision: str, tuning: dict) -> dict:
     return {p: {"threads": tuned[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 
-def _stage_model(ctx, ref, kind: str, precision: str):
-    """Where this stage wrote the model a row ran (bf16 runs the fp32 model with the engine's bf16 switch)."""
-    out = ctx.out_dir
-    if kind == "paddle-inference":
-        return ref.model_prefix if precision in ("fp32", "bf16") else out / "models" / precision / "model"
-    if precision == "int8":
-        return out / "onnx" / "model_int8.onnx" if kind == "onnxruntime" else out / "openvino" / "model_int8.xml"
-    return out / "onnx" / "model.onnx"
-
-
 def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
     """Row subject -> engine as `serve` would run it, for every candidate (fp32: the tuned instances)."""
     from pipeline import recommend as rec
@@ -431,9 +421,10 @@ def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
             continue
         opts = {"mkldnn": sc.mkldnn, **({"device": "gpu"} if c.precision == "fp16" else {})} \
             if c.engine == "paddle-inference" else {}
+        model = bundle_layout.server_stage_model(ctx.out_dir, ref.model_prefix, c.engine, c.precision)
         try:
-            eng = registry.make_routed(c.engine, _stage_model(ctx, ref, c.engine, c.precision), c.precision,
-                                       _served_settings(c.engine, c.precision, tuning), spin=False, **opts)
+            eng = registry.make_routed(c.engine, model, c.precision, _served_settings(c.engine, c.precision, tuning),
+                                       spin=False, **opts)
         except PipelineError as exc:
             c.verdict, c.detail = "failed to load", exc.one_line()
             continue
