@@ -39,12 +39,17 @@ def serving_choice(infer_cfg: dict, override: str | None = None, precision: str 
         raise ConfigError(f"{kind} does not serve {prec!r}", hint=f"--precision {' | '.join(able)} for {kind}")
     if same_engine and prec == (rec.get("precision") or "fp32") and "batch1" in (rec.get("settings") or {}):
         return kind, prec, rec["settings"]
-    tuned = rec.get("tuning", {}).get(kind) or {}
-    settings = tuned if "batch1" in tuned else _DEFAULT_SETTINGS
-    if prec != "fp32":      # another precision of a tuned engine: its thread counts, IR passes on (oneDNN bf16/int8)
-        settings = {p: {"threads": settings[p]["threads"], **({"ir_optim": True} if kind == "paddle-inference"
-                                                                else {})} for p in ("batch1", "batchN")}
-    return kind, prec, settings
+    return kind, prec, precision_settings(kind, prec, rec.get("tuning", {}).get(kind))
+
+
+def precision_settings(kind: str, precision: str, tuned: dict | None) -> dict:
+    """Per-profile settings to serve `kind` at `precision`: its fp32 row's tuned ones; another precision borrows
+    that engine's thread counts (Paddle's IR passes stay on: oneDNN's bf16/int8 kernels come from them)."""
+    settings = tuned if tuned and "batch1" in tuned else _DEFAULT_SETTINGS
+    if precision == "fp32":
+        return settings
+    extra = {"ir_optim": True} if kind == "paddle-inference" else {}
+    return {p: {"threads": settings[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 
 def _runnable_precision(kind: str, precision: str) -> str:

@@ -22,6 +22,7 @@ from pipeline.artifacts import write_json
 from pipeline.errors import PipelineError
 from pipeline.gates import FAIL, Gate, evaluate_tol, run_row, skipped
 from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.serving import precision_settings
 from pipeline.reference import load_reference
 
 log = logging.getLogger("pipeline")
@@ -387,7 +388,7 @@ def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, me
     tol = sc.gates[chosen.precision]
     return {"engine": chosen.engine, "precision": chosen.precision, "row": chosen.row,
             "model": bundle_layout.serving_model(chosen.engine, chosen.precision), "by": rc.by,
-            "settings": _served_settings(chosen.engine, chosen.precision, tuning),
+            "settings": precision_settings(chosen.engine, chosen.precision, tuning.get(chosen.engine)),
             "why": rec.why(chosen, base, cands, rc, metric),
             "fp32": rec.fp32_baseline(base),
             "budget": {"precisions": list(rc.precisions), "max_metric_drop": rc.max_metric_drop,
@@ -396,16 +397,6 @@ def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, me
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "prob_atol": tol.prob_atol,
                           "key": f"server.gates.{chosen.precision}"},
             "candidates": [c.to_dict() for c in cands], "ranking": rows, "tuning": tuning}
-
-
-def _served_settings(kind: str, precision: str, tuning: dict) -> dict:
-    """Per-profile settings of a served row: the fp32 row's tuned ones; a low-precision row borrows that
-    engine's thread counts (its IR passes stay on: oneDNN's bf16/int8 kernels come from them)."""
-    tuned = tuning.get(kind) or {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
-    if precision == "fp32":
-        return tuned
-    extra = {"ir_optim": True} if kind == "paddle-inference" else {}
-    return {p: {"threads": tuned[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 
 def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
@@ -423,8 +414,8 @@ def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
             if c.engine == "paddle-inference" else {}
         model = bundle_layout.server_stage_model(ctx.out_dir, ref.model_prefix, c.engine, c.precision)
         try:
-            eng = registry.make_routed(c.engine, model, c.precision, _served_settings(c.engine, c.precision, tuning),
-                                       spin=False, **opts)
+            settings = precision_settings(c.engine, c.precision, tuning.get(c.engine))
+            eng = registry.make_routed(c.engine, model, c.precision, settings, spin=False, **opts)
         except PipelineError as exc:
             c.verdict, c.detail = "failed to load", exc.one_line()
             continue
@@ -499,7 +490,7 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", 
                                 "openvino/model_int8.xml"),
               run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
                                   "pipeline/serve.py", "pipeline/reference.py", "pipeline/recommend.py",
-                                  "pipeline/bundle_layout.py"),
+                                  "pipeline/serving.py", "pipeline/bundle_layout.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 
