@@ -282,8 +282,9 @@ def check_weights_moved(model, initial: dict, final: dict, lr: float) -> dict:
     outputs with stop_gradient=True were the real case): exit 0 with the start weights is worse than an error."""
     changed, total = imported.changed_tensors(initial, final)
     if total and changed == 0:
+        rounding = imported.rounding_only(initial, final)
         raise NonFiniteError(f"train: no weight changed in training (0 of {total} tensors): "
-                             f"{imported.unchanged_cause(model, lr)}")
+                             f"{imported.unchanged_cause(model, lr, rounding)}")
     log.info("[train] %d of %d weight tensors changed (%.1f %%)", changed, total, 100.0 * changed / max(total, 1))
     return {"tensors_changed": changed, "tensors_total": total}
 

@@ -158,6 +158,28 @@ def test_unchanged_weights_fail_naming_the_cause(tiny_export):
         check_weights_moved(frozen, state, state, lr=0.001)
 
 
+def test_vanishing_lr_moves_nothing_and_says_lr(tiny_export):
+    """A learning rate that only nudges exact zeros (Adam's first step is ~lr per element: 0 -> 1e-30, every other
+    value rounds back to itself) changed bits but moved no tensor: the check fails and names train.lr, as a run with
+    train.lr=1e-30 on PP-OCRv4 rec did (8 of 234 tensors had changed bits and passed the check before)."""
+    from stages.train import check_weights_moved
+
+    model = imported.trainable(imported.resolve_prefix(tiny_export))
+    with paddle.no_grad():
+        model.parameters()[0].set_value(paddle.zeros_like(model.parameters()[0]))     # exact zeros, as in v4 rec
+    model.train()
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    opt = paddle.optimizer.Adam(1e-30, parameters=model.parameters())
+    paddle.nn.functional.cross_entropy(model(paddle.randn([4, 1, 16, 16])), paddle.to_tensor([0, 1, 2, 3])).backward()
+    opt.step()
+    after = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert imported.rounding_only(before, after) >= 1 and imported.changed_tensors(before, after)[0] == 0
+    with pytest.raises(NonFiniteError) as e:
+        check_weights_moved(model, before, after, lr=1e-30)
+    assert "train.lr=1e-30 is too small" in e.value.message and "\n" not in e.value.message
+    assert imported.changed_tensors(before, {k: v + 1e-3 for k, v in before.items()}) == (len(before), len(before))
+
+
 # ------------------------------------------------------------------ PaddleOCR recognition conventions
 def test_use_space_char_appends_the_space_and_the_error_names_it(tmp_path):
     d = tmp_path / "dict.txt"

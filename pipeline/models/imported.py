@@ -145,16 +145,43 @@ def build(task, model_cfg: dict, info: dict, load_pretrained: bool = True):
     return model, None
 
 
+def moved(before, after, fallback_scale: float = 0.0) -> bool:
+    """A tensor moved when its largest change exceeds float32 rounding at its own scale (max|d| > eps x max|w|;
+    an all-zero tensor, e.g. a fresh bias, is measured at `fallback_scale`). Bit equality is not enough:
+    train.lr=1e-30 nudges exact zeros to 1e-30 (8 of v4 rec's 234 tensors) and moves nothing else, a change that
+    every sum with values of the tensor's scale rounds away."""
+    import numpy as np
+
+    a, b = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    if a.shape != b.shape:
+        return True
+    if a.size == 0:
+        return False
+    scale = float(np.abs(a).max()) or fallback_scale
+    return float(np.abs(b - a).max()) > float(np.finfo(np.float32).eps) * scale
+
+
 def changed_tensors(before: dict, after: dict) -> tuple[int, int]:
-    """(tensors whose values differ, tensors compared) between two state dicts of numpy arrays."""
+    """(tensors that moved beyond float32 rounding, tensors compared) between two state dicts of numpy arrays;
+    all-zero tensors are measured at the median scale of the others."""
     import numpy as np
 
     keys = [k for k in before if k in after]
-    return sum(not np.array_equal(before[k], np.asarray(after[k])) for k in keys), len(keys)
+    scales = [float(np.abs(before[k]).max()) for k in keys if np.size(before[k])]
+    fallback = float(np.median([v for v in scales if v > 0])) if any(v > 0 for v in scales) else 0.0
+    return sum(moved(before[k], after[k], fallback) for k in keys), len(keys)
 
 
-def unchanged_cause(model, lr: float) -> str:
-    """Why a training run moved no weight: the likeliest cause first."""
+def rounding_only(before: dict, after: dict) -> int:
+    """Tensors whose bits changed although none moved beyond float32 rounding (a vanishing learning rate)."""
+    import numpy as np
+
+    return sum(not np.array_equal(before[k], np.asarray(after[k])) for k in before if k in after)
+
+
+def unchanged_cause(model, lr: float, rounding: int = 0) -> str:
+    """Why a training run moved no weight: the likeliest cause first (`rounding`: tensors whose bits changed
+    only below float32 resolution, which only a vanishing learning rate does)."""
     from paddle.jit.translated_layer import TranslatedLayer
 
     loaded = [n for n, m in model.named_sublayers(include_self=True) if isinstance(m, TranslatedLayer)]
@@ -162,6 +189,9 @@ def unchanged_cause(model, lr: float) -> str:
         return (f"the model holds a paddle.jit.load-ed program ({loaded[0] or 'the model itself'}): its outputs come "
                 "back with stop_gradient=True and a parent's train() does not reach it; give its folder as "
                 "model.pretrained instead, which handles both")
+    if rounding:
+        return (f"train.lr={lr:g} is too small: the updates changed {rounding} tensors only below float32 resolution "
+                "(each by less than one rounding step of its largest value); raise train.lr")
     params = model.parameters()
     if params and all(p.stop_gradient for p in params):
         return "every parameter has stop_gradient=True (frozen): unfreeze the layers to fine-tune"
