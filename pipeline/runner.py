@@ -234,6 +234,7 @@ class Runner:
         log.info("[%s] running (%s)", stage.name, stage.description or stage.name)
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         mark_stage(stage.name)
+        resources.release_memory()          # earlier stages' freed heap: not this stage's, and not for it to carry
         per_stage_peak = resources.reset_peak()
         try:
             with staged_dir(final) as tmp:
