@@ -41,6 +41,23 @@ def release_memory() -> float | None:
     return rss_mb()
 
 
+class HeapGuard:
+    """Calls release_memory() whenever the process grew by `step_mb` since the last release: a training loop whose
+    steps free and re-allocate large, unevenly sized tensors fragments glibc's heap. Measured on the PP-OCRv4 rec
+    fine-tune (batch 16 of 48x320 lines): RSS climbed 1.4 -> 3.0 -> 4.4 GB over three steps (the train stage peaked at
+    6.3-7.7 GB) while ~0.45 GB was live; released after each step it peaked at 2.1 GB. A small model never grows
+    that much, so it never pays for a release (reading VmRSS costs microseconds)."""
+
+    def __init__(self, step_mb: float = 512.0):
+        self.step_mb = step_mb
+        self.mark = rss_mb() or 0.0
+
+    def __call__(self) -> None:
+        now = rss_mb()
+        if now is not None and now - self.mark >= self.step_mb:
+            self.mark = release_memory() or now
+
+
 def reset_peak() -> bool:
     """Start a new high-water mark; False where the kernel does not offer it (then the peak is process-wide)."""
     try:

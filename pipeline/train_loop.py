@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from . import amp, checkpoint
+from . import amp, checkpoint, resources
 from .artifacts import atomic_write_text
 from .distributed import world
 from .errors import ConfigError, NonFiniteError
@@ -289,6 +289,7 @@ def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) ->
     t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(lp.sched.get_lr())
     bar = tqdm(range(lp.steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",
                disable=lp.ctx.quiet or lp.rank != 0, leave=False, unit="batch", dynamic_ncols=True)
+    heap = resources.HeapGuard()        # large models fragment the heap step by step: give it back as it grows
     for step in bar:
         gstep = epoch * lp.steps_per_epoch + step
         start = step * global_batch + lp.rank * lp.per_rank   # this rank's share of the global batch
@@ -306,6 +307,7 @@ def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) ->
             continue
         lr_used = float(lp.sched.get_lr())
         scaler_skipped += _optimizer_step(lp, loss)
+        heap()
         losses.append(value)
         if not bar.disable and step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}",

@@ -120,22 +120,33 @@ def test_peak_memory_is_per_stage():
         assert resources.peak_record(True)["peak_rss_mb"] < rec["peak_rss_mb"]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
-def test_freed_heap_goes_back_before_a_stage():
-    """What a stage freed in small malloc chunks (Paddle's CPU tensors: 3.9 GB after the v4 rec fine-tune) stays in
-    the process until malloc_trim; the runner releases it before the next stage starts."""
+def _fragment(mb: int):
+    """`mb` MiB of 64 KiB malloc chunks freed below one live chunk (free() cannot shrink the heap) -> its pointer."""
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    before = resources.release_memory()
-    blocks = [libc.malloc(64 << 10) for _ in range(3200)]          # 200 MiB in 64 KiB chunks (below mmap's threshold)
+    blocks = [libc.malloc(64 << 10) for _ in range(mb * 16)]
     for b in blocks:
         ctypes.memset(b, 1, 64 << 10)
-    for b in blocks[:-1]:          # the last one stays live above them (fragmentation): free() cannot shrink the heap
+    for b in blocks[:-1]:
         libc.free(b)
+    return lambda: libc.free(blocks[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_goes_back_before_a_stage_and_as_training_grows():
+    """What a stage freed in small malloc chunks (Paddle's CPU tensors: 3.9 GB after the v4 rec fine-tune) stays in
+    the process until malloc_trim; the runner releases it before the next stage, the training loop as it grows."""
+    before = resources.release_memory()
+    free_last = _fragment(200)
     held = resources.rss_mb()
     after = resources.release_memory()
-    libc.free(blocks[-1])
+    free_last()
     assert held - before > 150 and after - before < 50, (before, held, after)
+    guard = resources.HeapGuard(step_mb=100)
+    free_last = _fragment(200)
+    guard()                                         # grew by >= 100 MiB: released
+    free_last()
+    assert resources.rss_mb() - guard.mark < 50 and guard.mark - before < 50, (before, guard.mark)
