@@ -250,3 +250,23 @@ def test_the_config_key_drives_both_fp16_paths(monkeypatch):
     info: dict = {}
     server._fp16_row(ctx, ref, "cpu", {}, info, ())
     assert seen["cpu"] == ["matmul_v2", "softmax"] and info["fp16_emulation"]["fp32_ops_user_black_list"] == seen["cpu"]
+
+
+def test_served_settings_carry_the_list_and_lite_fp16_is_not_vouched_for_by_it():
+    """A GPU predictor serving the converted model gets the list it was converted with; Lite's arm fp16 (no black
+    list in opt) is not vouched for by an fp16 row that needed one."""
+    from types import SimpleNamespace
+
+    from pipeline.engines.registry import profile_options
+    from pipeline.serving import precision_settings
+    from stages import lite
+
+    s = precision_settings("paddle-inference", "fp16", None, ["softmax"])
+    assert profile_options("paddle-inference", s["batch1"]) == {"ir_optim": True, "keep_fp32_ops": ["softmax"]}
+    assert "keep_fp32_ops" not in precision_settings("paddle-inference", "int8", None, ["softmax"])["batch1"]
+    row = {"subject": "paddle-inference fp16", "status": "OK", "metric": "m", "value": 0.9,
+           "precision_effective": "fp16-emulated", "extra": {"evidence": {"fp32_ops_user_black_list": ["softmax"]}}}
+    ctx = SimpleNamespace(input_manifests={"server": {"gates": [row]}})
+    assert lite._voucher(ctx, "fp16").startswith("nothing: ") and "softmax" in lite._voucher(ctx, "fp16")
+    row["extra"]["evidence"]["fp32_ops_user_black_list"] = []
+    assert lite._voucher(ctx, "fp16").startswith("server 'paddle-inference fp16'")
