@@ -6,9 +6,10 @@ casts (cast fp32→low→fp32 has CPU kernels):
   * every op runs in low precision (its float inputs, weights and outputs rounded) unless it is on the
     pass's default black list (SetDefaultBlacklist: cast, exp, square, log, mean, sum, the cross-entropy
     ops, conv2d_transpose, reduce_sum) or on the user's black list (`keep_fp32_ops`: what
-    convert_to_mixed_precision(black_list=) and Config.exp_disable_mixed_precision_ops() add to it), or has a `dtype`/`out_dtype` attribute other than fp32, or is a
-    `scale` whose scale/bias overflow the low type. This is NOT paddle.static.amp's training list: on a GPU
-    predictor softmax, layer_norm, sigmoid and interpolation run in fp16 and their outputs are rounded;
+    convert_to_mixed_precision(black_list=) and Config.exp_disable_mixed_precision_ops() add to it), or has
+    a `dtype`/`out_dtype` attribute other than fp32, or is a `scale` whose scale/bias overflow the low type.
+    This is NOT paddle.static.amp's training list: on a GPU predictor softmax, layer_norm, sigmoid and
+    interpolation run in fp16 and their outputs are rounded;
   * black-list ops compute in fp32 on their (already rounded) inputs; the next low-precision op rounds
     their output again;
   * batch_norm keeps Scale/Bias/Mean/Variance in fp32, layer_norm/instance_norm keep Scale/Bias
