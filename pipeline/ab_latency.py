@@ -84,7 +84,7 @@ def _server_rows(run_dir: Path) -> dict[str, dict]:
     return {g["subject"]: g for g in man.get("gates", [])}
 
 
-def _model_file(run_dir: Path, kind: str, precision: str, scratch: Path) -> Path | None:
+def _model_file(run_dir: Path, kind: str, precision: str, scratch: Path, keep_fp32_ops=()) -> Path | None:
     """Where a server row's model lives among the run's declared outputs (pipeline/catalogue.py);
     the fp16-emulated model is not an output (not deployable): it is derived again from the export."""
     from .engines import paddle_infer as pi
@@ -93,7 +93,7 @@ def _model_file(run_dir: Path, kind: str, precision: str, scratch: Path) -> Path
     export = run_dir / "export" / "inference"
     if kind == "paddle-inference" and precision == "fp16":
         emu = scratch / run_dir.name / "fp16_emulated"
-        pi.make_fp16_emulated(export, emu)
+        pi.make_fp16_emulated(export, emu, keep_fp32_ops=keep_fp32_ops)     # the op types the row kept fp32
         return emu
     return bundle_layout.server_stage_model(run_dir / "server", export, kind, precision)
 
@@ -107,7 +107,8 @@ def rebuild(run_dir: Path, gate: dict, settings: dict, scratch: Path):
     kind, prec = gate["subject"].split(" ")[0], gate["precision_requested"]
     if kind == "paddle-inference" and prec == "bf16" and not pi.bf16_status()[0]:
         return None
-    model = _model_file(run_dir, kind, prec, scratch)
+    model = _model_file(run_dir, kind, prec, scratch,
+                        (gate.get("extra") or {}).get("evidence", {}).get("fp32_ops_user_black_list") or ())
     if model is None:
         raise KeyError(f"no rebuild recipe for '{kind}' rows")
     one = dict(settings.get("batch1", settings))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -195,6 +196,20 @@ class RecommendCfg(Section):
         return self
 
 
+class Fp16Cfg(Section):
+    # op types added to Paddle Inference's mixed-precision black list: convert_to_mixed_precision(black_list=) and
+    # Config.exp_disable_mixed_precision_ops() on a GPU, the emulation's black list on CPU (the same set for both)
+    keep_fp32_ops: list[str]
+
+    @field_validator("keep_fp32_ops")
+    @classmethod
+    def _op_type_names(cls, v: list[str]) -> list[str]:
+        bad = [o for o in v if not re.fullmatch(r"[a-z][a-z0-9_]*", o)]
+        if bad:
+            raise ValueError(f"not Paddle op type names: {bad} (e.g. softmax, matmul_v2, layer_norm)")
+        return sorted(set(v))
+
+
 class ServerCfg(Section):
     precisions: list[Literal["fp32", "fp16", "bf16", "int8"]]
     device: Literal["auto", "cpu", "gpu"]
@@ -202,6 +217,7 @@ class ServerCfg(Section):
     mkldnn: bool
     ir_optim: bool
     tensorrt: bool
+    fp16: Fp16Cfg
     gates: dict[Literal["fp32", "fp16", "bf16", "int8"], Tolerance]
     quant: QuantCfg
     perf: PerfCfg

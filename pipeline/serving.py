@@ -42,13 +42,17 @@ def serving_choice(infer_cfg: dict, override: str | None = None, precision: str 
     return kind, prec, precision_settings(kind, prec, rec.get("tuning", {}).get(kind))
 
 
-def precision_settings(kind: str, precision: str, tuned: dict | None) -> dict:
+def precision_settings(kind: str, precision: str, tuned: dict | None, keep_fp32_ops: list[str] | None = None) -> dict:
     """Per-profile settings to serve `kind` at `precision`: its fp32 row's tuned ones; another precision borrows
-    that engine's thread counts (Paddle's IR passes stay on: oneDNN's bf16/int8 kernels come from them)."""
+    that engine's thread counts (Paddle's IR passes stay on: oneDNN's bf16/int8 kernels come from them).
+    keep_fp32_ops: Paddle Inference fp16's mixed-precision black list (server.fp16.keep_fp32_ops), recorded so that
+    the predictor that serves the converted model gets the list it was converted with."""
     settings = tuned if tuned and "batch1" in tuned else _DEFAULT_SETTINGS
     if precision == "fp32":
         return settings
     extra = {"ir_optim": True} if kind == "paddle-inference" else {}
+    if kind == "paddle-inference" and precision == "fp16" and keep_fp32_ops:
+        extra["keep_fp32_ops"] = sorted(keep_fp32_ops)
     return {p: {"threads": settings[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 

@@ -47,6 +47,11 @@ def _voucher(ctx, precision: str) -> str:
     (same program before opt), else the fp32 row."""
     rows = {g["subject"]: g for g in ctx.input_manifests["server"]["gates"]}
     want = {"int8": "int8", "fp16": "fp16"}.get(precision, "fp32")
+    kept = ((rows.get("paddle-inference fp16") or {}).get("extra", {}).get("evidence", {})
+            .get("fp32_ops_user_black_list")) if want == "fp16" else None
+    if kept:    # Lite's opt --fp16 picks fp16 kernels by its own rules: it has no black list to honour these
+        return (f"nothing: server 'paddle-inference fp16' ran {', '.join(kept)} in fp32 "
+                "(server.fp16.keep_fp32_ops), which Paddle Lite's fp16 conversion cannot keep")
     for subject in (f"paddle-inference {want}", "paddle-inference fp32"):
         g = rows.get(subject)
         if g and g["status"] == OK:

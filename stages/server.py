@@ -151,20 +151,7 @@ def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info
         served["paddle-inference"] = eng
         return gate
     if prec == "fp16":
-        if device == "gpu":
-            out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model")
-            eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, **common)
-        else:   # not deployable: an accuracy preview of fp16 rounding, kept out of models/
-            emu = ctx.work_dir / "fp16_emulated" / "model"
-            emu_info = pi.make_fp16_emulated(prefix, emu, "fp16")
-            eng = pi.InferenceEngine(emu, "fp16", **common)
-            info_out["fp16_emulation"] = emu_info
-            # its rounding casts add tensors (~2.5x the activations): batches sized on the fp32 program took the
-            # v4 det server stage to 7.5 GB
-            emu_batches = batch_sizes(ctx.cfg, emu, x)
-            info_out["fp16_emulation"]["batch_sizes"] = emu_batches
-            return _row(ctx, task, "fp16", eng, *args, "fp16", batches=emu_batches)
-        return _row(ctx, task, "fp16", eng, *args, "fp16")
+        return _fp16_row(ctx, ref, device, common, info_out, args)
     if prec == "bf16":
         ok, why = pi.bf16_status()
         if not ok:
@@ -173,6 +160,33 @@ def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info
     if prec == "int8":
         return _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common)
     return None
+
+
+def _fp16_row(ctx, ref, device: str, common: dict, info_out: dict, args: tuple) -> Gate:
+    """The GPU's mixed-precision model, or on CPU its emulation; server.fp16.keep_fp32_ops is the pass's added
+    black list on both paths (the conversion and the predictor on a GPU, the emulation here)."""
+    from pipeline.engines import paddle_infer as pi
+
+    sc, task, prefix, keep = ctx.cfg.server, ref.task, ref.model_prefix, list(ctx.cfg.server.fp16.keep_fp32_ops)
+    if device == "gpu":
+        out_prefix = pi.convert_fp16_gpu(prefix, ctx.out_dir / "models" / "fp16" / "model", keep_fp32_ops=keep)
+        eng = pi.InferenceEngine(out_prefix, "fp16", device="gpu", tensorrt=sc.tensorrt, keep_fp32_ops=keep, **common)
+        return _row(ctx, task, "fp16", eng, *args, "fp16")
+    # not deployable: an accuracy preview of fp16 rounding, kept out of models/
+    emu = ctx.work_dir / "fp16_emulated" / "model"
+    emu_info = pi.make_fp16_emulated(prefix, emu, "fp16", keep_fp32_ops=keep)
+    eng = pi.InferenceEngine(emu, "fp16", **common)
+    eng.evidence["fp32_ops_user_black_list"] = emu_info["fp32_ops_user_black_list"]
+    if keep:
+        eng.notes.append(f"kept in fp32 (server.fp16.keep_fp32_ops): {', '.join(keep)}"
+                         + (f"; not in this program: {', '.join(emu_info['fp32_ops_user_absent'])}"
+                            if emu_info["fp32_ops_user_absent"] else ""))
+    info_out["fp16_emulation"] = emu_info
+    # its rounding casts add tensors (~2.5x the activations): batches sized on the fp32 program took the
+    # v4 det server stage to 7.5 GB
+    emu_batches = batch_sizes(ctx.cfg, emu, ref.inputs)
+    info_out["fp16_emulation"]["batch_sizes"] = emu_batches
+    return _row(ctx, task, "fp16", eng, *args, "fp16", batches=emu_batches)
 
 
 def _write_perf(ctx, gates: list[Gate], prefix, threads: int, info_out: dict) -> None:
@@ -388,7 +402,8 @@ def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, me
     tol = sc.gates[chosen.precision]
     return {"engine": chosen.engine, "precision": chosen.precision, "row": chosen.row,
             "model": bundle_layout.serving_model(chosen.engine, chosen.precision), "by": rc.by,
-            "settings": precision_settings(chosen.engine, chosen.precision, tuning.get(chosen.engine)),
+            "settings": precision_settings(chosen.engine, chosen.precision, tuning.get(chosen.engine),
+                                          sc.fp16.keep_fp32_ops),
             "why": rec.why(chosen, base, cands, rc, metric),
             "fp32": rec.fp32_baseline(base),
             "budget": {"precisions": list(rc.precisions), "max_metric_drop": rc.max_metric_drop,
@@ -414,7 +429,7 @@ def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
             if c.engine == "paddle-inference" else {}
         model = bundle_layout.server_stage_model(ctx.out_dir, ref.model_prefix, c.engine, c.precision)
         try:
-            settings = precision_settings(c.engine, c.precision, tuning.get(c.engine))
+            settings = precision_settings(c.engine, c.precision, tuning.get(c.engine), sc.fp16.keep_fp32_ops)
             eng = registry.make_routed(c.engine, model, c.precision, settings, spin=False, **opts)
         except PipelineError as exc:
             c.verdict, c.detail = "failed to load", exc.one_line()

@@ -187,6 +187,58 @@ def test_corrupt_nb_is_engine_crash(models, converted, tmp_path, kind):
     assert "\n" not in ei.value.message
 
 
+def test_worker_engine_matches_one_shot_run_and_survives_a_crash(models, converted):
+    # LiteEngine keeps one `lite_child serve` process per engine; a crash ends it with a one-line EngineCrash
+    # naming the signal, and the next run starts a fresh worker.
+    if host_arch() != "x86":
+        pytest.skip(f"an x86 .nb cannot be executed on this {host_arch()} host")
+    nb, x = converted["x86"].path, models["x"]
+    eng = lite.LiteEngine(nb, SHAPE, timeout=60)
+    try:
+        y = eng.run(x)
+        np.testing.assert_array_equal(y, lite.run(nb, x, expected_shape=SHAPE))
+        np.testing.assert_allclose(eng.run_batched(x, 1), y, rtol=0, atol=1e-5)   # batch 1 vs 2: gemm blocking
+        pid = eng.worker.proc.pid
+        assert eng.worker.starts == 1                       # three runs, one process
+        eng.worker.proc.kill()
+        eng.worker.proc.wait()
+        eng.worker.proc = _Dead(eng.worker.proc)            # looks alive until it is used, as after an abort
+        with pytest.raises(EngineCrash) as ei:
+            eng.run(x)
+        assert "SIGKILL" in ei.value.message and "stage=lite" in ei.value.message and "\n" not in ei.value.message
+        np.testing.assert_array_equal(eng.run(x), y)
+        assert eng.worker.starts == 2 and eng.worker.proc.pid != pid
+    finally:
+        eng.close()
+    assert eng.worker.proc is None
+
+
+class _Dead:
+    """A killed worker whose poll() still says 'running' (the abort happens during the next request)."""
+
+    def __init__(self, proc):
+        self._proc = proc
+
+    def poll(self):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+
+def test_worker_engine_corrupt_nb_and_timeout(models, converted, tmp_path):
+    bad = tmp_path / "junk.nb"
+    bad.write_bytes(b"\x01garbage" * 100)
+    eng = lite.LiteEngine(bad, SHAPE, timeout=60)
+    with pytest.raises(EngineCrash) as ei:
+        eng.run(models["x"])
+    assert "SIGABRT" in ei.value.message and "\n" not in ei.value.message and eng.worker.proc is None
+    slow = lite.LiteEngine(converted["x86"].path, SHAPE, timeout=0.01)     # the worker cannot even start in time
+    with pytest.raises(EngineCrash, match="timeout after 0.01s"):
+        slow.run(models["x"])
+    assert slow.worker.proc is None
+
+
 def test_bad_inputs_rejected_without_spawning(models, converted, monkeypatch, tmp_path):
     def no_spawn(*a, **k):
         raise AssertionError("a child process was spawned")

@@ -1,5 +1,7 @@
 """Gates that mean something on probabilities, and an fp16 emulation that rounds what Paddle Inference's
 mixed-precision pass rounds (tiny synthetic arrays and a tiny static program: seconds)."""
+from pathlib import Path
+
 import numpy as np
 import paddle
 import pytest
@@ -137,3 +139,134 @@ def test_verify_compares_a_probability_bundle_with_its_own_key():
     assert all(c["passed"] for c in checks) and checks[-1]["key"] == "bundle.sample_prob_atol"
     logits = _checks("e", out, expected, {**cfg, "postprocess": {"labels": ["0", "180"]}})     # same numbers as logits
     assert not all(c["passed"] for c in logits) and logits[-1]["key"] == "bundle.sample_atol/sample_rtol"
+
+
+def _head_program(prefix):
+    """A CTC-like head: linear (matmul_v2 + bias add) then softmax, the output fetched."""
+    paddle.enable_static()
+    try:
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [None, 4, 16], "float32")
+            y = paddle.nn.functional.softmax(paddle.static.nn.fc(x, 32, num_flatten_dims=2), axis=-1)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        paddle.static.save_inference_model(str(prefix), [x], [y], exe, program=main)
+    finally:
+        paddle.disable_static()
+
+
+def _is_fp16(a):
+    return np.array_equal(a, a.astype(np.float16).astype(np.float32))
+
+
+def test_keep_fp32_ops_leaves_the_named_op_types_unrounded_in_the_emulation(tmp_path):
+    from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
+
+    _head_program(tmp_path / "m")
+    x = np.random.default_rng(1).standard_normal([3, 4, 16]).astype(np.float32)
+    default = make_fp16_emulated(tmp_path / "m", tmp_path / "d" / "model")
+    assert "softmax" in default["low_precision_ops"] and default["fp32_ops_user_black_list"] == []
+    assert _is_fp16(InferenceEngine(tmp_path / "d" / "model", "fp16", threads=1).run(x))   # softmax output rounded
+    # save_inference_model appends scale(1.0) before the fetch: it would round the softmax output again
+    keep = ["softmax", "scale", "no_such_op"]
+    info = make_fp16_emulated(tmp_path / "m", tmp_path / "k" / "model", keep_fp32_ops=keep)
+    assert info["fp32_ops_kept"].get("softmax") == 1 and "softmax" not in info["low_precision_ops"]
+    assert info["fp32_ops_user_black_list"] == sorted(keep) and info["fp32_ops_user_absent"] == ["no_such_op"]
+    assert {"mul", "elementwise_add"} <= set(info["low_precision_ops"])          # the rest still runs fp16
+    out = InferenceEngine(tmp_path / "k" / "model", "fp16", threads=1).run(x)
+    assert not _is_fp16(out)                                   # computed in fp32 from the rounded logits
+    assert np.allclose(out.sum(-1), 1.0, atol=1e-6)
+
+
+class _RecordingConfig:
+    """Stands in for paddle.inference.Config (no GPU here): records every call."""
+
+    def __init__(self, *args):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *a, **k: self.calls.append((name, a))
+
+
+def test_keep_fp32_ops_reaches_the_gpu_conversion_and_predictor(tmp_path, monkeypatch):
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.errors import PipelineError
+
+    _head_program(tmp_path / "m")
+    seen, cfgs = {}, []
+    monkeypatch.setattr(pi, "_require_gpu", lambda what: None)          # guarded: this host has no GPU
+    monkeypatch.setattr(pi.pinf, "convert_to_mixed_precision", lambda *a, **k: seen.update(args=a, **k))
+    pi.convert_fp16_gpu(tmp_path / "m", tmp_path / "fp16" / "model", keep_fp32_ops=["softmax", "layer_norm"])
+    assert seen["black_list"] == {"softmax", "layer_norm"} and seen["keep_io_types"] is True
+    assert seen["args"][4] == pi.pinf.PrecisionType.Half and seen["args"][5] == pi.pinf.PlaceType.GPU
+
+    def recording(*a):
+        cfgs.append(_RecordingConfig())
+        return cfgs[-1]
+
+    def no_predictor(cfg):
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(pi.pinf, "Config", recording)
+    monkeypatch.setattr(pi.pinf, "create_predictor", no_predictor)
+    with pytest.raises(PipelineError, match="no GPU here"):
+        pi.InferenceEngine(tmp_path / "m", "fp16", device="gpu", keep_fp32_ops=["softmax", "layer_norm"])
+    calls = dict(cfgs[0].calls)
+    assert calls["exp_disable_mixed_precision_ops"] == ({"softmax", "layer_norm"},)
+    assert calls["enable_use_gpu"][2] == pi.pinf.PrecisionType.Half
+
+
+def test_the_config_key_drives_both_fp16_paths(monkeypatch):
+    """server.fp16.keep_fp32_ops -> the GPU conversion + predictor, or the CPU emulation: one set for both."""
+    from types import SimpleNamespace
+
+    from pipeline.config import load_config
+    from pipeline.engines import paddle_infer as pi
+    from stages import server
+
+    cfg = load_config([], ["server.fp16.keep_fp32_ops=[softmax, matmul_v2]"])
+    assert cfg.server.fp16.keep_fp32_ops == ["matmul_v2", "softmax"]
+    with pytest.raises(Exception, match="op type"):
+        load_config([], ["server.fp16.keep_fp32_ops=[Softmax!]"])
+    seen = {}
+
+    class Eng:
+        evidence, notes = {}, []
+
+        def __init__(self, *a, **k):
+            seen["engine"] = k.get("keep_fp32_ops")
+
+    monkeypatch.setattr(pi, "convert_fp16_gpu", lambda p, o, keep_fp32_ops: seen.update(gpu=keep_fp32_ops) or o)
+    monkeypatch.setattr(pi, "make_fp16_emulated", lambda p, o, d, keep_fp32_ops: seen.update(cpu=keep_fp32_ops) or
+                        {"fp32_ops_user_black_list": sorted(keep_fp32_ops), "fp32_ops_user_absent": []})
+    monkeypatch.setattr(pi, "InferenceEngine", Eng)
+    monkeypatch.setattr(server, "_row", lambda *a, **k: "gate")
+    monkeypatch.setattr(server, "batch_sizes", lambda *a: {})
+    ctx = SimpleNamespace(cfg=cfg, out_dir=Path("/nonexistent"), work_dir=Path("/nonexistent"))
+    ref = SimpleNamespace(task=None, model_prefix="m", inputs=None)
+    assert server._fp16_row(ctx, ref, "gpu", {}, {}, ()) == "gate"
+    assert seen == {"gpu": ["matmul_v2", "softmax"], "engine": ["matmul_v2", "softmax"]}
+    info: dict = {}
+    server._fp16_row(ctx, ref, "cpu", {}, info, ())
+    assert seen["cpu"] == ["matmul_v2", "softmax"] and info["fp16_emulation"]["fp32_ops_user_black_list"] == seen["cpu"]
+
+
+def test_served_settings_carry_the_list_and_lite_fp16_is_not_vouched_for_by_it():
+    """A GPU predictor serving the converted model gets the list it was converted with; Lite's arm fp16 (no black
+    list in opt) is not vouched for by an fp16 row that needed one."""
+    from types import SimpleNamespace
+
+    from pipeline.engines.registry import profile_options
+    from pipeline.serving import precision_settings
+    from stages import lite
+
+    s = precision_settings("paddle-inference", "fp16", None, ["softmax"])
+    assert profile_options("paddle-inference", s["batch1"]) == {"ir_optim": True, "keep_fp32_ops": ["softmax"]}
+    assert "keep_fp32_ops" not in precision_settings("paddle-inference", "int8", None, ["softmax"])["batch1"]
+    row = {"subject": "paddle-inference fp16", "status": "OK", "metric": "m", "value": 0.9,
+           "precision_effective": "fp16-emulated", "extra": {"evidence": {"fp32_ops_user_black_list": ["softmax"]}}}
+    ctx = SimpleNamespace(input_manifests={"server": {"gates": [row]}})
+    assert lite._voucher(ctx, "fp16").startswith("nothing: ") and "softmax" in lite._voucher(ctx, "fp16")
+    row["extra"]["evidence"]["fp32_ops_user_black_list"] = []
+    assert lite._voucher(ctx, "fp16").startswith("server 'paddle-inference fp16'")

@@ -5,9 +5,11 @@ paddle/fluid/framework/ir/auto_mixed_precision_pass.cc), applied to an fp32 prog
 casts (cast fp32→low→fp32 has CPU kernels):
   * every op runs in low precision (its float inputs, weights and outputs rounded) unless it is on the
     pass's default black list (SetDefaultBlacklist: cast, exp, square, log, mean, sum, the cross-entropy
-    ops, conv2d_transpose, reduce_sum), or has a `dtype`/`out_dtype` attribute other than fp32, or is a
-    `scale` whose scale/bias overflow the low type. This is NOT paddle.static.amp's training list: on a GPU
-    predictor softmax, layer_norm, sigmoid and interpolation run in fp16 and their outputs are rounded;
+    ops, conv2d_transpose, reduce_sum) or on the user's black list (`keep_fp32_ops`: what
+    convert_to_mixed_precision(black_list=) and Config.exp_disable_mixed_precision_ops() add to it), or has
+    a `dtype`/`out_dtype` attribute other than fp32, or is a `scale` whose scale/bias overflow the low type.
+    This is NOT paddle.static.amp's training list: on a GPU predictor softmax, layer_norm, sigmoid and
+    interpolation run in fp16 and their outputs are rounded;
   * black-list ops compute in fp32 on their (already rounded) inputs; the next low-precision op rounds
     their output again;
   * batch_norm keeps Scale/Bias/Mean/Variance in fp32, layer_norm/instance_norm keep Scale/Bias
@@ -28,6 +30,7 @@ from __future__ import annotations
 import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import os
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import paddle
@@ -36,7 +39,7 @@ from pipeline.errors import PipelineError
 
 SUFFIX = {"fp16": ".fp16emu", "bf16": ".bf16emu"}
 # paddle/fluid/framework/ir/auto_mixed_precision_pass.cc SetDefaultBlacklist() (2.6): the only ops a GPU
-# predictor keeps in fp32 by type (the user's mixed_black_list adds to it; the pipeline sets none)
+# predictor keeps in fp32 by type (the user's mixed_black_list adds to it: server.fp16.keep_fp32_ops)
 INFERENCE_BLACK = frozenset({"cast", "exp", "square", "log", "mean", "sum", "softmax_with_cross_entropy",
                              "sigmoid_cross_entropy_with_logits", "c_softmax_with_cross_entropy", "cross_entropy",
                              "cross_entropy2", "conv2d_transpose", "reduce_sum"})
@@ -198,13 +201,16 @@ class _Emulator:
             i += 1 + outs
 
 
-def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16") -> dict:
+def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16",
+                  keep_fp32_ops: Iterable[str] = ()) -> dict:
     """Write an emulated mixed-precision copy of an fp32 inference model (see the module docstring).
 
+    keep_fp32_ops: op types added to the pass's default black list (the user's mixed_black_list).
     Feed and fetch names are unchanged. Returns what was done (op counts, casts, rounded params).
     """
     if dtype not in SUFFIX:
         raise PipelineError(f"cannot emulate {dtype!r}", hint="fp16 or bf16")
+    user = frozenset(keep_fp32_ops)
     from pipeline.engines.program import program_desc as _program_desc
 
     desc = _program_desc(model_prefix)
@@ -216,7 +222,7 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
         with paddle.static.scope_guard(scope):
             exe = paddle.static.Executor(place)
             prog, feed_names, fetch_vars = paddle.static.load_inference_model(str(model_prefix), exe)
-            emu = _Emulator(prog.global_block(), dtype)
+            emu = _Emulator(prog.global_block(), dtype, INFERENCE_BLACK | user)
             emu.run()
             for name in sorted(emu.params):
                 var = scope.find_var(name)
@@ -233,8 +239,11 @@ def make_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike
             Path(f"{out_prefix}.pdiparams").write_bytes(params_bytes)
     finally:
         paddle.disable_static()
+    present = {op.type for op in prog.global_block().ops}
     return {"label": f"{dtype}-emulated", "casts_inserted": 2 * emu.n_casts, "params_rounded": len(emu.params),
             "batch_norms_folded": sum(op.type == "batch_norm" and emu._is_folded(op) for op in prog.global_block().ops),
             "low_precision_ops": dict(sorted(emu.low_ops.items())),
-            "fp32_ops_black_list": sorted({op.type for op in prog.global_block().ops} & INFERENCE_BLACK),
+            "fp32_ops_black_list": sorted(present & INFERENCE_BLACK),
+            # the user's additions (server.fp16.keep_fp32_ops), and those the program does not have (no effect)
+            "fp32_ops_user_black_list": sorted(user), "fp32_ops_user_absent": sorted(user - present),
             "fp32_ops_kept": dict(sorted(emu.kept_ops.items()))}

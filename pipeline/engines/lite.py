@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -321,8 +322,86 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
     return precision == "fp32" and target == host_arch()
 
 
+class LiteWorker:
+    """One `lite_child serve` subprocess holding a loaded .nb: many runs pay one start (~0.6 s of Python, numpy
+    and Paddle Lite imports each; the OCR system's Lite row made ~100 such calls). Lite aborts the process on
+    bad input, so a crash or a timeout ends this worker with a one-line EngineCrash and the next run starts a
+    fresh one."""
+
+    def __init__(self, nb: Path, timeout: float) -> None:
+        self.nb, self.timeout = nb, timeout
+        self.proc: subprocess.Popen | None = None
+        self._stderr = None
+        self.starts = 0
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        self._stderr = tempfile.TemporaryFile()        # a file, not a pipe: Lite's chatter never blocks the child
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.engines.lite_child", "serve", str(self.nb)],
+                                     cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr)
+        self.starts += 1
+        return self.proc
+
+    def _crash(self, what: str, kill: bool = False) -> EngineCrash:
+        self.close(kill)
+        self._stderr.seek(0)
+        tail = _tail(self._stderr.read().decode("utf-8", "replace"))
+        return EngineCrash(f"stage=lite run {self.nb.name} target={_nb_target(self.nb)}: {what}; stderr: {tail}",
+                           "the .nb may be truncated/corrupt or from another Lite version")
+
+    def _read(self, proc: subprocess.Popen, n: int, deadline: float) -> bytes:
+        import selectors
+
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while len(buf) < n:
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    raise self._crash(f"timeout after {self.timeout:g}s", kill=True)
+                chunk = os.read(proc.stdout.fileno(), min(n - len(buf), 1 << 20))
+                if not chunk:
+                    rc = proc.wait()
+                    raise self._crash(_signal_name(rc))
+                buf += chunk
+        return buf
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        import io
+
+        proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        buf = io.BytesIO()
+        np.save(buf, x, allow_pickle=False)
+        try:
+            proc.stdin.write(len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._crash(_signal_name(proc.wait())) from None
+        deadline = time.monotonic() + self.timeout
+        head = self._read(proc, 9, deadline)
+        body = self._read(proc, int.from_bytes(head[1:], "little"), deadline)
+        if head[:1] != b"O":
+            raise self._crash(body.decode("utf-8", "replace"))
+        return np.load(io.BytesIO(body), allow_pickle=False)
+
+    def close(self, kill: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if kill:
+                raise OSError("hung worker")
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
 class LiteEngine(Engine):
-    """A .nb behind the engine interface; every run is a subprocess (Lite aborts on bad input).
+    """A .nb behind the engine interface, run in a worker subprocess (Lite aborts on bad input).
 
     The effective precision is read from the kernel keys stored in the .nb, not from its name.
     Numbers are meaningful only where fp32_nb_runs_correctly_here() holds (an x86 fp32 .nb on x86).
@@ -341,9 +420,14 @@ class LiteEngine(Engine):
         self.target = _nb_target(self.nb)
         self.effective_precision = "fp16" if "fp16" in precs else "int8" if "int8" in precs else "fp32"
         self.evidence = {"nb_kernel_precisions": precs, "target": self.target}
-        self.settings = {"subprocess_per_run": True, "timeout_s": timeout}
+        self.worker = LiteWorker(self.nb, timeout)
+        weakref.finalize(self, self.worker.close)
+        self.settings = {"subprocess": "one worker per engine, restarted after a crash", "timeout_s": timeout}
         if not fp32_nb_runs_correctly_here(self.target, self.effective_precision):
             self.notes.append("outputs are not meaningful on this host (only an x86 fp32 .nb runs correctly here)")
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        return run(self.nb, x, expected_shape=self.input_shape, timeout=self.timeout)
+        return self.worker.run(x)
+
+    def close(self) -> None:
+        self.worker.close()

@@ -82,6 +82,58 @@ def cmd_run(a: argparse.Namespace) -> dict[str, Any]:
 RUN_CHUNK = 8
 
 
+def _read_exact(f: Any, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def cmd_serve(a: argparse.Namespace) -> dict[str, Any]:
+    """Load a .nb once and answer run requests on stdin until it closes (pipeline.engines.lite.LiteWorker).
+
+    Frames: request = 8-byte little-endian length + .npy bytes; reply = b"O" or b"E", 8-byte length, then .npy
+    bytes (output 0) or a UTF-8 error. Lite prints to fd 1 itself, so the frames go out on a copy of fd 1 and
+    fd 1 is pointed at stderr. A Lite abort kills this process: the parent sees end-of-file and the signal."""
+    import io
+
+    import numpy as np
+    import paddlelite.lite as lite
+
+    nb = Path(a.nb_path)
+    if not nb.is_file() or nb.stat().st_size == 0:
+        raise ChildError(f"missing or empty model: {nb}")
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    config = lite.MobileConfig()
+    config.set_model_from_file(str(nb))
+    predictor = lite.create_paddle_predictor(config)
+    inp = sys.stdin.buffer
+    while (head := _read_exact(inp, 8)) is not None:
+        body = _read_exact(inp, int.from_bytes(head, "little"))
+        if body is None:
+            break
+        try:
+            x = np.load(io.BytesIO(body), allow_pickle=False)
+            outs = []
+            for i in range(0, len(x), RUN_CHUNK):
+                predictor.get_input(0).from_numpy(np.ascontiguousarray(x[i:i + RUN_CHUNK]))
+                predictor.run()
+                outs.append(np.array(predictor.get_output(0).numpy(), copy=True))
+            buf = io.BytesIO()
+            np.save(buf, np.concatenate(outs), allow_pickle=False)
+            status, payload = b"O", buf.getvalue()
+        except Exception as exc:  # Python-level failures from the Lite bindings
+            status, payload = b"E", f"{type(exc).__name__}: {exc}".encode()
+        out.write(status + len(payload).to_bytes(8, "little") + payload)
+        out.flush()
+    return {}
+
+
 def _capture_fd1(fn: Any) -> str:
     # print_supported_ops writes with C++ std::cout straight to fd 1: redirect the fd itself.
     sys.stdout.flush()
@@ -175,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("input_npy")
     r.add_argument("output_npy")
     r.set_defaults(fn=cmd_run)
+    w = sub.add_parser("serve", help="load a .nb once, run the .npy frames sent on stdin (LiteWorker)")
+    w.add_argument("nb_path")
+    w.set_defaults(fn=cmd_serve)
     s = sub.add_parser("supported-ops", help="ops the installed opt supports for a target")
     s.add_argument("target", choices=TARGETS)
     s.set_defaults(fn=cmd_supported_ops)

@@ -109,7 +109,8 @@ class InferenceEngine(Engine):
 
     def __init__(self, model_prefix: str | os.PathLike, precision: str = "fp32", threads: int = 2,
                  mkldnn: bool = True, ir_optim: bool | str = True, device: str = "cpu",
-                 tensorrt: bool = False, max_batch: int = 64, int8_ops: Iterable[str] | None = None) -> None:
+                 tensorrt: bool = False, max_batch: int = 64, int8_ops: Iterable[str] | None = None,
+                 keep_fp32_ops: Iterable[str] = ()) -> None:
         _check_options(precision, device, ir_optim)
         plain = ir_optim == "plain" and device == "cpu" and precision == "fp32"
         mkldnn = mkldnn and not plain
@@ -129,7 +130,7 @@ class InferenceEngine(Engine):
         # CPU here; it only fuses attention, so it is off everywhere rather than guessed per CPU
         cfg.delete_pass("self_attention_fuse_pass")
         if device == "gpu":
-            self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch)
+            self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch, sorted(keep_fp32_ops))
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
         if plain:
@@ -219,12 +220,15 @@ class InferenceEngine(Engine):
             return "int8-simulated"
         return "fp32"
 
-    def _config_gpu(self, cfg: pinf.Config, precision: str, tensorrt: bool, max_batch: int) -> str:
+    def _config_gpu(self, cfg: pinf.Config, precision: str, tensorrt: bool, max_batch: int,
+                    keep_fp32_ops: list[str]) -> str:
         _require_gpu(f"GPU {precision} inference")
         if precision not in ("fp32", "fp16"):
             raise ConfigError(f"GPU engine supports fp32/fp16, not {precision}", hint="use device=cpu for int8")
         half = pinf.PrecisionType.Half
         mode = half if precision == "fp16" else pinf.PrecisionType.Float32
+        if precision == "fp16":
+            self._keep_fp32(cfg, keep_fp32_ops, tensorrt)
         if tensorrt:
             cfg.enable_use_gpu(256, 0)
             cfg.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=max_batch, min_subgraph_size=3,
@@ -239,6 +243,18 @@ class InferenceEngine(Engine):
             cfg.enable_use_gpu(256, 0, mode)
         return precision
 
+    def _keep_fp32(self, cfg: pinf.Config, ops: list[str], tensorrt: bool) -> None:
+        """The user's black list for the predictor's mixed-precision pass: Paddle's API says it must equal the one
+        the model was converted with (convert_fp16_gpu(keep_fp32_ops=)); TensorRT gets those ops kept out of its
+        engines (they then run the converted program's fp32 ops)."""
+        self.evidence["fp32_ops_user_black_list"] = list(ops)
+        if not ops:
+            return
+        cfg.exp_disable_mixed_precision_ops(set(ops))
+        if tensorrt:
+            cfg.exp_disable_tensorrt_ops(list(ops))
+        self.notes.append(f"kept in fp32 (server.fp16.keep_fp32_ops): {', '.join(ops)}")
+
     def _run(self, x: np.ndarray) -> np.ndarray:
         self._in.reshape(list(x.shape))
         self._in.copy_from_cpu(x)
@@ -246,20 +262,26 @@ class InferenceEngine(Engine):
         return self._out.copy_to_cpu()
 
 
-def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16") -> dict:
+def make_fp16_emulated(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike, dtype: str = "fp16",
+                       keep_fp32_ops: Iterable[str] = ()) -> dict:
     """Write a copy that emulates Paddle's mixed-precision inference (fp16/bf16 op lists, keep_io_types)
-    by rounding casts; see pipeline/engines/amp_emulation.py. Feed and fetch names are unchanged."""
+    by rounding casts; see pipeline/engines/amp_emulation.py. Feed and fetch names are unchanged.
+    keep_fp32_ops: op types added to the pass's black list, as convert_fp16_gpu(keep_fp32_ops=) adds them."""
     from pipeline.engines.amp_emulation import make_emulated
-    return make_emulated(model_prefix, out_prefix, dtype)
+    return make_emulated(model_prefix, out_prefix, dtype, keep_fp32_ops)
 
 
-def convert_fp16_gpu(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike) -> str:
-    """Real FP16 model for GPU predictors; Paddle refuses PlaceType.CPU, so only on a CUDA build."""
+def convert_fp16_gpu(model_prefix: str | os.PathLike, out_prefix: str | os.PathLike,
+                     keep_fp32_ops: Iterable[str] = ()) -> str:
+    """Real FP16 model for GPU predictors; Paddle refuses PlaceType.CPU, so only on a CUDA build.
+    keep_fp32_ops: the pass's black_list (added to its default one); the predictor that loads the result must
+    be given the same set (InferenceEngine(keep_fp32_ops=): Paddle asks for the same list at both places)."""
     model, params = _files(model_prefix)
     _require_gpu("convert_to_mixed_precision(fp16)")
     Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
     pinf.convert_to_mixed_precision(model, params, f"{out_prefix}.pdmodel", f"{out_prefix}.pdiparams",
-                                    pinf.PrecisionType.Half, pinf.PlaceType.GPU, keep_io_types=True)
+                                    pinf.PrecisionType.Half, pinf.PlaceType.GPU, keep_io_types=True,
+                                    black_list=set(keep_fp32_ops))
     return str(out_prefix)
 
 

@@ -49,8 +49,9 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
 
 
-# engine options the tuner may choose per batch profile besides threads (recorded next to threads)
-TUNABLE = {"paddle-inference": ("ir_optim",)}
+# engine options a batch profile records besides threads: those the tuner chooses (ir_optim), and the fp16 row's
+# mixed-precision black list (a GPU predictor must get the one its model was converted with)
+TUNABLE = {"paddle-inference": ("ir_optim", "keep_fp32_ops")}
 
 
 def profile_options(kind: str, profile: dict) -> dict:

@@ -1,0 +1,74 @@
+"""Which op types must stay fp32 for a model's fp16 row to pass its default gate (server.fp16.keep_fp32_ops)?
+
+For each candidate set (comma-separated op types; "" = the pass's default black list alone) the exported
+program of a run folder is emulated as Paddle Inference's mixed-precision pass runs it with that set added to
+its black list (pipeline/engines/amp_emulation.py), run on the validation slice the server stage gates, and
+judged by the run's own server.gates.fp16 (from config.resolved.yaml). One table: verdict, agreement (tie-aware
+and strict), metric drop, max|diff|, lines/samples that changed, seconds.
+
+  .venv/bin/python scripts/fp16_keep_ops.py --run runs/ppocr_v4_rec "" softmax matmul_v2,elementwise_add,softmax
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pipeline  # noqa: E402,F401  (zlib before paddle)
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+
+def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int) -> dict:
+    from pipeline.config import Tolerance
+    from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
+    from pipeline.gates import Gate, evaluate_tol
+    from pipeline.reference import load_reference
+
+    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
+    tol = Tolerance(**cfg["server"]["gates"]["fp16"])
+    ref = load_reference(run_dir / "export")
+    task, t0 = ref.task, time.perf_counter()
+    emu = tmp / ("_".join(keep) or "default") / "model"
+    info = make_fp16_emulated(ref.model_prefix, emu, "fp16", keep_fp32_ops=keep)
+    out = InferenceEngine(emu, "fp16", threads=threads).run_batched(ref.inputs, batch)
+    value = task.metrics(out, ref.labels)[task.primary_metric]
+    gate = evaluate_tol(Gate("server", "fp16 try", "fp16", "fp16-emulated", task.primary_metric, reference=ref.metric),
+                        out, ref.outputs, tol, value, task, key="server.gates.fp16")
+    name, share, strict = task.agreement(out, ref.outputs, None)
+    changed = int(round((1 - strict) * len(out)))
+    return {"keep": ",".join(keep) or "(default black list)", "status": gate.status, "agreement": share,
+            "strict": strict, "changed": changed, "n": len(out), "drop": ref.metric - value,
+            "max_abs": float(np.abs(out.astype(np.float64) - ref.outputs).max()),
+            "casts": info["casts_inserted"], "absent": info["fp32_ops_user_absent"],
+            "seconds": round(time.perf_counter() - t0, 1), "reason": gate.reason}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run folder with export/ and config.resolved.yaml")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("sets", nargs="+", help='op-type sets, comma-separated ("" = none added)')
+    args = p.parse_args()
+    run_dir = Path(args.run)
+    print("| op types kept fp32 (added) | verdict | text agreement (strict) | lines changed | seq_acc drop "
+          "| max abs diff | casts | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="fp16keep-") as tmp:
+        for s in args.sets:
+            keep = [k.strip() for k in s.split(",") if k.strip()]
+            r = judge(run_dir, keep, Path(tmp), args.batch, args.threads)
+            absent = f" (not in program: {','.join(r['absent'])})" if r["absent"] else ""
+            print(f"| {r['keep']}{absent} | {r['status']} | {r['agreement']:.4f} ({r['strict']:.4f}) | "
+                  f"{r['changed']}/{r['n']} | {r['drop']:+.4f} | {r['max_abs']:.3g} | {r['casts']} | {r['seconds']} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
