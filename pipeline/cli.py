@@ -64,14 +64,19 @@ def _run(args) -> int:
 
     cfg = load(args)
     if cfg.task == "ocr_system":        # two part runs, then the system stage (pipeline/composite.py)
-        from .composite import run_system
-        env.import_paddle_quietly()
+        from .composite import part_stages, run_system
+        env.import_paddle_quietly(trains=any(_trains(part, names) for _, part, names in part_stages(cfg, args.stages)))
         return run_system(cfg, args.stages, args.force, run_stages)
     names = catalogue.expand(args.stages, cfg.task)       # refuses unknown / inapplicable stages in one line
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
-        env.import_paddle_quietly()      # a parent that only launches ranks does not need paddle itself
+        env.import_paddle_quietly(trains=_trains(cfg, names))   # a launcher of ranks does not need paddle itself
     return run_stages(cfg, names, force=args.force, layout=layout)[1]
+
+
+def _trains(cfg, names: list[str]) -> bool:
+    """Whether these stages train in this process (an imported model's `train` stage only loads and checks it)."""
+    return "train" in names and cfg.model.source != "inference"
 
 
 def _stages(args) -> int:

@@ -56,14 +56,19 @@ def part_configs(cfg: Config) -> dict[str, Config]:
     return out
 
 
+def part_stages(cfg: Config, requested: list[str]) -> list[tuple[str, Config, list[str]]]:
+    """(role, part config, the stages `requested` means for its task, e.g. `all`), in run order."""
+    system = catalogue.expand(["all"], cfg.task)          # the stages of the system task itself
+    names = [n for n in requested if n not in system]
+    return [(role, part, catalogue.expand(names, part.task) if names else [])
+            for role, part in part_configs(cfg).items()]
+
+
 def run_system(cfg: Config, requested: list[str], force: bool, run_stages) -> int:
     """Run the parts' stages (what `requested` means for each part's task, e.g. `all`), then `system`
     when bundles were requested."""
-    parts = part_configs(cfg)
-    system = catalogue.expand(["all"], cfg.task)          # the stages of the system task itself
-    names = [n for n in requested if n not in system]
-    for role, part in parts.items():
-        part_names = catalogue.expand(names, part.task) if names else []
+    system = catalogue.expand(["all"], cfg.task)
+    for role, part, part_names in part_stages(cfg, requested):
         if part_names:
             log.info("[system] %s part: %s into %s", role, " ".join(part_names), part.run_dir)
             _, code = run_stages(part, part_names, force)

@@ -126,14 +126,27 @@ def _mark() -> None:
     os.environ[TUNED_MARK] = ",".join(f"{k}={v}" for k, v in APPLIED_TUNING.items())
 
 
-def settle_wait_policy() -> None:
+NO_TRAINING_WHY = ("no training in this process: its engines (ONNX Runtime, OpenVINO) and Paddle Lite children "
+                   "need the cores Paddle's spinning OpenMP threads would take (an x86 Lite run of the v4 rec: 17.3 s "
+                   "PASSIVE vs 21.0 s ACTIVE, with 19 s of the parent's CPU spent spinning)")
+
+
+def settle_wait_policy(trains: bool = True) -> None:
     """Choose OMP_WAIT_POLICY just before paddle loads (import_paddle_quietly calls this): the probe costs
-    0.1 s, so processes that never load paddle through the pipeline's entry points do not pay it."""
+    0.1 s, so processes that never load paddle through the pipeline's entry points do not pay it.
+    `trains=False` (the process runs no training: deploy stages, imports): PASSIVE without a probe. ACTIVE pays
+    when one Paddle thread team runs back to back (training); Intel OpenMP then never sleeps, so in a process that
+    also runs other runtimes or waits on Lite children the idle team keeps spinning on their cores."""
     if "OMP_WAIT_POLICY" in os.environ or "OMP_WAIT_POLICY" in TUNING_WHY or "paddle" in sys.modules \
             or os.environ.get("PIPELINE_NO_TUNING") == "1":
         return
     threads = os.environ.get("OMP_NUM_THREADS", str(cpu_count()))
     switch = os.environ.get(WAIT_SWITCH, "auto").lower()
+    if not trains and switch not in ("active", "passive"):
+        os.environ["OMP_WAIT_POLICY"] = APPLIED_TUNING["OMP_WAIT_POLICY"] = "PASSIVE"
+        TUNING_WHY["OMP_WAIT_POLICY"] = NO_TRAINING_WHY
+        _mark()
+        return
     needs_probe = switch not in ("active", "passive") and threads.isdigit() and int(threads) > 1
     policy, TUNING_WHY["OMP_WAIT_POLICY"] = choose_wait_policy(int(threads) if threads.isdigit() else 1, switch,
                                                                probed_busy() if needs_probe else None)
@@ -202,13 +215,14 @@ def hardware() -> dict:
             "capabilities": caps.describe(), "argv0": os.path.basename(sys.argv[0])}
 
 
-def import_paddle_quietly():
-    """Import paddle once with its import-time chatter (OMP_NUM_THREADS banner, warnings) silenced."""
+def import_paddle_quietly(trains: bool = True):
+    """Import paddle once with its import-time chatter (OMP_NUM_THREADS banner, warnings) silenced.
+    `trains`: whether this process will train (settle_wait_policy)."""
     import contextlib
     import io
     import warnings
 
-    settle_wait_policy()
+    settle_wait_policy(trains)
     with contextlib.redirect_stderr(io.StringIO()):
         import paddle
     # BatchNorm in train mode always tracks global stats; Paddle warns about it on every call

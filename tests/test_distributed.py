@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,6 +119,27 @@ def test_wait_policy_choice_is_recorded_and_the_user_wins(tmp_path):
     user = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                      env={**base, "OMP_WAIT_POLICY": "PASSIVE"}, check=True).stdout)
     assert user["OMP_WAIT_POLICY"] == "PASSIVE" and user["set_by"]["OMP_WAIT_POLICY"] == "user"
+
+
+def test_a_process_that_trains_nothing_waits_passively(tmp_path):
+    # deploy stages and imports: PASSIVE without a probe (spinning OpenMP threads take the cores of the other
+    # runtimes and of Lite children); the documented switch and the user's own OMP_WAIT_POLICY still win
+    from pipeline.cli import _trains
+
+    code = ("import pipeline, json; from pipeline import env; env.settle_wait_policy(trains=False); "
+            "print(json.dumps(env.tuning_record()))")
+    base = {k: v for k, v in os.environ.items() if k not in (*env.TUNING_VARS, env.TUNED_MARK, env.LAUNCHER_MARK)}
+
+    def record(**extra):
+        return json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                         env={**base, "OMP_NUM_THREADS": "2", **extra}, check=True).stdout)
+    deploy = record()
+    assert deploy["OMP_WAIT_POLICY"] == "PASSIVE" and "no training" in deploy["why"]["OMP_WAIT_POLICY"]
+    assert record(PIPELINE_OMP_WAIT="active")["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert record(OMP_WAIT_POLICY="ACTIVE")["set_by"]["OMP_WAIT_POLICY"] == "user"
+    assert _trains(tiny_cfg(), ["train", "export"]) and not _trains(tiny_cfg(), ["export", "server"])
+    imported = SimpleNamespace(model=SimpleNamespace(source="inference"))
+    assert not _trains(imported, ["train", "export"])       # an import's train stage only loads and checks
 
 
 def test_lr_scaling_is_explicit():

@@ -354,18 +354,19 @@ class LiteWorker:
     def _read(self, proc: subprocess.Popen, n: int, deadline: float) -> bytes:
         import selectors
 
-        buf = b""
+        buf, got = bytearray(n), 0       # filled in place: `bytes +=` re-copied a 68 MB rec output per 64 KiB read
+        view = memoryview(buf)
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
-            while len(buf) < n:
+            while got < n:
                 if not sel.select(max(0.0, deadline - time.monotonic())):
                     raise self._crash(f"timeout after {self.timeout:g}s", kill=True)
-                chunk = os.read(proc.stdout.fileno(), min(n - len(buf), 1 << 20))
-                if not chunk:
+                k = os.readv(proc.stdout.fileno(), [view[got:]])
+                if not k:
                     rc = proc.wait()
                     raise self._crash(_signal_name(rc))
-                buf += chunk
-        return buf
+                got += k
+        return bytes(buf)
 
     def run(self, x: np.ndarray) -> np.ndarray:
         import io
