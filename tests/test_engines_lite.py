@@ -244,6 +244,7 @@ def test_bad_inputs_rejected_without_spawning(models, converted, monkeypatch, tm
         raise AssertionError("a child process was spawned")
 
     monkeypatch.setattr(lite.subprocess, "run", no_spawn)
+    monkeypatch.setattr(lite.subprocess, "Popen", no_spawn)       # the Lite worker
     nb, x = converted["x86"].path, models["x"]
     with pytest.raises(DataError, match="float64"):
         lite.run(nb, x.astype("float64"), expected_shape=SHAPE)

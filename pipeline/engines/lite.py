@@ -297,7 +297,7 @@ def _check_input(x: Any, expected_shape: list[int]) -> None:
 
 def run(nb_path: str | os.PathLike, x: np.ndarray, *, expected_shape: list[int],
         timeout: float = 120) -> np.ndarray:
-    """Run a .nb on one input in a subprocess; returns output 0.
+    """Run a .nb on one input in a subprocess (a LiteWorker used once); returns output 0.
 
     Only meaningful numerically when fp32_nb_runs_correctly_here(target) holds.
     """
@@ -305,12 +305,11 @@ def run(nb_path: str | os.PathLike, x: np.ndarray, *, expected_shape: list[int],
     nb = Path(nb_path)
     if not nb.is_file() or nb.stat().st_size == 0:
         raise MissingArtifact(f"Lite model missing or empty: {nb}")
-    with tempdirs.directory("lite-run") as tmp:
-        x_in, y_out = Path(tmp) / "x.npy", Path(tmp) / "y.npy"
-        np.save(x_in, np.ascontiguousarray(x), allow_pickle=False)
-        _child(["run", str(nb), str(x_in), str(y_out)], what=f"run {nb.name}", target=_nb_target(nb),
-               timeout=timeout, hint="the .nb may be truncated/corrupt or from another Lite version")
-        return np.load(y_out, allow_pickle=False)
+    worker = LiteWorker(nb, timeout)
+    try:
+        return worker.run(np.ascontiguousarray(x))
+    finally:
+        worker.close()
 
 
 def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
@@ -351,7 +350,7 @@ class LiteWorker:
         return EngineCrash(f"stage=lite run {self.nb.name} target={_nb_target(self.nb)}: {what}; stderr: {tail}",
                            "the .nb may be truncated/corrupt or from another Lite version")
 
-    def _read(self, proc: subprocess.Popen, n: int, deadline: float) -> bytes:
+    def _read(self, proc: subprocess.Popen, n: int, deadline: float) -> bytearray:
         import selectors
 
         buf, got = bytearray(n), 0       # filled in place: `bytes +=` re-copied a 68 MB rec output per 64 KiB read
@@ -366,7 +365,7 @@ class LiteWorker:
                     rc = proc.wait()
                     raise self._crash(_signal_name(rc))
                 got += k
-        return bytes(buf)
+        return buf
 
     def run(self, x: np.ndarray) -> np.ndarray:
         import io

@@ -56,28 +56,6 @@ def cmd_opt(a: argparse.Namespace) -> dict[str, Any]:
     return {"path": str(nb), "size_bytes": nb.stat().st_size}
 
 
-def cmd_run(a: argparse.Namespace) -> dict[str, Any]:
-    import numpy as np
-    import paddlelite.lite as lite
-
-    nb = Path(a.nb_path)
-    if not nb.is_file() or nb.stat().st_size == 0:
-        raise ChildError(f"missing or empty model: {nb}")
-    x = np.load(a.input_npy, allow_pickle=False)
-    config = lite.MobileConfig()
-    config.set_model_from_file(str(nb))
-    predictor = lite.create_paddle_predictor(config)
-    outs = []
-    for i in range(0, len(x), RUN_CHUNK):     # Lite has no memory reuse across a batch: bound it
-        predictor.get_input(0).from_numpy(np.ascontiguousarray(x[i:i + RUN_CHUNK]))
-        predictor.run()
-        outs.append(np.array(predictor.get_output(0).numpy(), copy=True))
-    out = np.concatenate(outs)
-    np.save(a.output_npy, out, allow_pickle=False)
-    return {"shape": list(out.shape), "dtype": str(out.dtype),
-            "n_outputs": len(predictor.get_output_names())}
-
-
 # samples per Lite run: the whole validation slice of PP-OCRv4 rec in one run was SIGKILLed (out of memory)
 RUN_CHUNK = 8
 
@@ -120,7 +98,7 @@ def cmd_serve(a: argparse.Namespace) -> dict[str, Any]:
         try:
             x = np.load(io.BytesIO(body), allow_pickle=False)
             outs = []
-            for i in range(0, len(x), RUN_CHUNK):
+            for i in range(0, len(x), RUN_CHUNK):     # Lite has no memory reuse across a batch: bound it
                 predictor.get_input(0).from_numpy(np.ascontiguousarray(x[i:i + RUN_CHUNK]))
                 predictor.run()
                 outs.append(np.array(predictor.get_output(0).numpy(), copy=True))
@@ -222,11 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--fp16", action="store_true")
     o.add_argument("--quant-type", choices=QUANT_TYPES, help="weight-only quantization")
     o.set_defaults(fn=cmd_opt)
-    r = sub.add_parser("run", help="run a .nb on one input .npy, save output 0 as .npy")
-    r.add_argument("nb_path")
-    r.add_argument("input_npy")
-    r.add_argument("output_npy")
-    r.set_defaults(fn=cmd_run)
     w = sub.add_parser("serve", help="load a .nb once, run the .npy frames sent on stdin (LiteWorker)")
     w.add_argument("nb_path")
     w.set_defaults(fn=cmd_serve)
