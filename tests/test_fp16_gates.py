@@ -90,25 +90,32 @@ def test_a_gate_that_cannot_fail_for_probabilities_is_refused():
         _gate(ClassificationTask({"outputs": "probabilities"}), ref, ref, logits_only)     # ... refused for probabilities
 
 
-def _tiny_program(prefix):
-    """conv+bn, softmax, layer_norm, sigmoid (fp16 on a GPU predictor) and exp, reduce_sum, conv2d_transpose
-    (the pass's default black list: kept fp32)."""
+def _save_static(prefix, shape, build):
+    """Save the static program `build(x)` of one float32 input `x` of `shape` as an inference model."""
     paddle.enable_static()
     try:
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup):
-            x = paddle.static.data("x", [None, 2, 8, 8], "float32")
-            h = paddle.static.nn.batch_norm(paddle.static.nn.conv2d(x, 4, 3, padding=1))
-            h = paddle.nn.functional.softmax(h, axis=1)
-            h = paddle.static.nn.conv2d_transpose(h, 4, filter_size=2, stride=2)
-            h = paddle.static.nn.layer_norm(h, begin_norm_axis=1)
-            h = paddle.exp(h) + paddle.sum(h, axis=1, keepdim=True)
-            y = paddle.nn.functional.sigmoid(h)
+            x = paddle.static.data("x", shape, "float32")
+            y = build(x)
         exe = paddle.static.Executor(paddle.CPUPlace())
         exe.run(startup)
         paddle.static.save_inference_model(str(prefix), [x], [y], exe, program=main)
     finally:
         paddle.disable_static()
+
+
+def _tiny_program(prefix):
+    """conv+bn, softmax, layer_norm, sigmoid (fp16 on a GPU predictor) and exp, reduce_sum, conv2d_transpose
+    (the pass's default black list: kept fp32)."""
+    def build(x):
+        h = paddle.static.nn.batch_norm(paddle.static.nn.conv2d(x, 4, 3, padding=1))
+        h = paddle.nn.functional.softmax(h, axis=1)
+        h = paddle.static.nn.conv2d_transpose(h, 4, filter_size=2, stride=2)
+        h = paddle.static.nn.layer_norm(h, begin_norm_axis=1)
+        h = paddle.exp(h) + paddle.sum(h, axis=1, keepdim=True)
+        return paddle.nn.functional.sigmoid(h)
+    _save_static(prefix, [None, 2, 8, 8], build)
 
 
 def test_emulation_rounds_what_the_inference_pass_runs_in_fp16(tmp_path):
@@ -143,17 +150,8 @@ def test_verify_compares_a_probability_bundle_with_its_own_key():
 
 def _head_program(prefix):
     """A CTC-like head: linear (matmul_v2 + bias add) then softmax, the output fetched."""
-    paddle.enable_static()
-    try:
-        main, startup = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main, startup):
-            x = paddle.static.data("x", [None, 4, 16], "float32")
-            y = paddle.nn.functional.softmax(paddle.static.nn.fc(x, 32, num_flatten_dims=2), axis=-1)
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        exe.run(startup)
-        paddle.static.save_inference_model(str(prefix), [x], [y], exe, program=main)
-    finally:
-        paddle.disable_static()
+    _save_static(prefix, [None, 4, 16],
+                 lambda x: paddle.nn.functional.softmax(paddle.static.nn.fc(x, 32, num_flatten_dims=2), axis=-1))
 
 
 def _is_fp16(a):
