@@ -28,7 +28,10 @@ from .layout import world  # noqa: F401  (re-exported: stages and ranks ask here
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUS = "status.{}.json"
-PEER_LOST = ("gloo::IoException", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# a rank whose log shows one of these lost a peer (victim, not cause); a killed peer's socket can also stay silent
+# until gloo's timeout (CI, 2026-12-01: rank 0 aborted on gloo::TimeoutException pair_rank = 1 after rank 1 was killed)
+PEER_LOST = ("gloo::IoException", "gloo::TimeoutException", "Connection reset by peer", "Connection closed by peer",
+             "Broken pipe")
 CRASH = ("terminate called after throwing", "C++ Traceback", "Error Message Summary")
 
 
