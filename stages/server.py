@@ -255,7 +255,7 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
-                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args), evidence_dir))
+                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, ref.model_prefix), evidence_dir))
         if kind == "openvino" and "bf16" in sc.precisions:
             log.info("[server] %s bf16 row", kind)
             gates.append(run_row("server", f"{kind} bf16", "bf16", task.primary_metric,
@@ -274,26 +274,32 @@ def _tuned_row(ctx, task, kind, onnx_file, args, served, tuning) -> Gate:
     return _row(ctx, task, "fp32", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["fp32"], "fp32")
 
 
-def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args) -> Gate:
+def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, prefix) -> Gate:
     """Calibrated in batches sized from the program's footprint, as PaddleSlim: PP-OCRv4 det's ONNX Runtime
     calibration at the gate batch (9 pages of 736x736) peaked at ~12 GB (1 page per batch: see its config)."""
-    from pipeline.engines import ort, ov, registry
+    from pipeline.engines import ort, ov, quant, registry
 
     x, ref_out, labels, ref_metric = args
-    q, threads = ctx.cfg.server.quant, _threads(ctx.cfg)
+    q, threads, t0 = ctx.cfg.server.quant, _threads(ctx.cfg), time.perf_counter()
+    # the layers server.quant.op_types/skip leave fp32 stay fp32 here too (None: the defaults, every layer)
+    weights = quant.weights_to_quantize(prefix, q.op_types, q.skip)
     if kind == "onnxruntime":
         model = ctx.out_dir / "onnx" / "model_int8.onnx"
-        qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums)
+        qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums,
+                                  weights=weights)
     else:
         ok, why = ov.nncf_status()
         if not ok:
             return skipped("server", f"{kind} int8", "int8", task.primary_metric, why)
         model = ctx.out_dir / "openvino" / "model_int8.xml"
-        qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums)
+        qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums,
+                                 weights=weights)
+    qinfo.update(seconds=round(time.perf_counter() - t0, 1), op_types=list(q.op_types), skipped_layers=list(q.skip))
     eng = registry.make(kind, model, "int8", threads=threads)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["int8"], "int8")
     gate.extra["ptq"] = qinfo
     _speed_vs_fp32(ctx, gate, eng, registry.make(kind, onnx_file, "fp32", threads=threads), x)
+    gate.seconds = round(time.perf_counter() - t0, 2)      # calibration + gate + speed: what the row costs
     return gate
 
 

@@ -154,3 +154,37 @@ def test_gpu_providers_report_not_run_here_without_a_gpu():
         if not env.capabilities()["gpu"]:
             assert not ok and why.startswith("not run here")
     assert provider_status("cpu")[0]
+
+
+def test_int8_rows_quantize_only_the_layers_paddleslim_does(tiny):
+    """server.quant.op_types/skip reach the ONNX Runtime and OpenVINO int8 rows: the layers PaddleSlim leaves fp32
+    (here the first conv, skipped, and the fc, not in op_types) keep fp32 weights there too (PP-OCRv4 rec)."""
+    import onnx
+
+    from pipeline.engines import ort as ort_engine
+    from pipeline.engines import ov, quant
+
+    first, second, fc = quant.quantizable_layers(tiny["prefix"])
+    assert quant.weights_to_quantize(tiny["prefix"], quant.DEFAULT_OP_TYPES) is None     # defaults: as before
+    weights = quant.weights_to_quantize(tiny["prefix"], ["conv2d"], [first])
+    assert weights == [second]
+    calib = tiny["x"][:16]
+    model = tiny["dir"] / "scoped" / "model_int8.onnx"
+    info = ort_engine.quantize_int8(tiny["onnx"], model, calib, batch_size=16, batch_nums=1, weights=weights)
+    assert info["excluded_compute_nodes"] == 2
+    graph = onnx.load(str(model)).graph
+    made_by = {o: n.op_type for n in graph.node for o in n.output}
+    weight_of = {n.name: n.input[1] for n in onnx.load(str(tiny["onnx"])).graph.node if n.op_type in ort_engine.COMPUTE_OPS}
+    int8_weight = {weight_of[n.name]: made_by.get(n.input[1]) == "DequantizeLinear"
+                   for n in graph.node if n.op_type in ort_engine.COMPUTE_OPS}    # (ORT renames a weight it folds BN into)
+    assert int8_weight == {first: False, second: True, fc: False}
+    ok, why = ov.nncf_status()
+    if not ok:
+        pytest.skip(why)
+    xml = tiny["dir"] / "scoped" / "model_int8.xml"
+    info = ov.quantize_int8(tiny["onnx"], xml, calib, batch_size=16, batch_nums=1, weights=weights)
+    assert info["ignored_compute_ops"] == 2
+    qmodel = ov_mod.Core().read_model(str(xml))
+    fp32_weights = sorted(ov._weight_name(op) for op in qmodel.get_ordered_ops()
+                          if op.get_type_name() in ov._COMPUTE_OPS and ov._weight_name(op) is not None)
+    assert fp32_weights == sorted([first, fc])       # the quantized conv reads int8 weights (decompressed)

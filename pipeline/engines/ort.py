@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 
@@ -103,12 +104,29 @@ def _op_counts(onnx_file: str) -> Counter:
     return Counter(n.op_type for n in onnx.load(onnx_file, load_external_data=False).graph.node)
 
 
+COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def excluded_compute_nodes(onnx_file: str | os.PathLike, weights: Collection[str]) -> list[str]:
+    """Names of the compute nodes (Conv/MatMul/Gemm) whose weight is not in `weights` (Paddle weight names, which
+    paddle2onnx keeps as initializer names; read before quant_pre_process, which renames a conv's weight when it
+    folds a batch norm into it, but keeps node names); nodes without a weight initializer (activation x activation
+    MatMuls) are excluded too."""
+    import onnx
+
+    allowed = set(weights)
+    return [n.name for n in onnx.load(str(onnx_file), load_external_data=False).graph.node
+            if n.op_type in COMPUTE_OPS and not (len(n.input) > 1 and n.input[1] in allowed)]
+
+
 def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, calib: np.ndarray, *,
-                  batch_size: int = 32, batch_nums: int = 10) -> dict:
+                  batch_size: int = 32, batch_nums: int = 10, weights: Collection[str] | None = None) -> dict:
     """Static (calibrated) QDQ int8: per-channel int8 weights, uint8 activations.
 
     Without VNNI, x86 int8 GEMM sums u8*s8 pairs into saturating int16 (vpmaddubsw); ORT's remedy is
     reduce_range (7-bit weights), applied only where the CPU lacks VNNI.
+    weights: quantize only the compute nodes with these weights (server.quant.op_types/skip, as PaddleSlim
+    does: quant.weights_to_quantize); None = every node ORT quantizes.
     """
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
@@ -135,10 +153,14 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
     with tempfile.TemporaryDirectory(prefix=".ortq-", dir=out.parent) as tmp:
         pre = Path(tmp) / "pre.onnx"
         quant_pre_process(str(onnx_file), str(pre), skip_symbolic_shape=True)
+        scoped = {}
+        if weights is not None:     # only these compute nodes; elementwise and other ops stay fp32, as in Paddle's row
+            excluded = excluded_compute_nodes(onnx_file, weights)
+            scoped = {"nodes_to_exclude": excluded, "op_types_to_quantize": list(COMPUTE_OPS)}
         q = Path(tmp) / out.name
         quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         reduce_range=reduce_range, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax)
+                        calibrate_method=CalibrationMethod.MinMax, **scoped)
         os.replace(q, out)
     return {"calibration_samples": int(n), "format": "QDQ", "per_channel": True, "reduce_range": reduce_range,
-            "calibrate_method": "MinMax"}
+            "calibrate_method": "MinMax", **({"op_types": list(COMPUTE_OPS), "excluded_compute_nodes": len(scoped["nodes_to_exclude"])} if scoped else {})}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 
@@ -114,9 +115,34 @@ def nncf_status() -> tuple[bool, str]:
     return True, "nncf " + nncf.__version__
 
 
+_WEIGHT_PATH_OPS = {"Reshape", "Convert", "Unsqueeze", "Squeeze", "Transpose"}   # between a weight Constant and its op
+
+
+def _weight_name(op) -> str | None:
+    """Friendly name of the Constant feeding a compute op's weight input (the Paddle weight name: paddle2onnx keeps
+    it, OpenVINO's ONNX frontend names the Constant after it); GroupConvolution reads it through a Reshape."""
+    if op.get_input_size() < 2:
+        return None
+    node = op.input(1).get_source_output().get_node()
+    while node.get_type_name() in _WEIGHT_PATH_OPS:
+        node = node.input(0).get_source_output().get_node()
+    return node.get_friendly_name() if node.get_type_name() == "Constant" else None
+
+
+def ignored_scope(model, weights: Collection[str]) -> tuple[list[str], list[str]]:
+    """(names of the compute ops whose weight is not in `weights` (as ort.excluded_compute_nodes), every other op
+    type of the model): NNCF then quantizes those compute ops alone, elementwise ops stay fp32 as in Paddle's row."""
+    allowed = set(weights)
+    ops = model.get_ordered_ops()
+    names = [op.get_friendly_name() for op in ops if op.get_type_name() in _COMPUTE_OPS and _weight_name(op) not in allowed]
+    return names, sorted({op.get_type_name() for op in ops} - _COMPUTE_OPS - {"Parameter", "Result", "Constant"})
+
+
 def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, calib: np.ndarray, *,
-                  batch_size: int = 32, batch_nums: int = 10) -> dict:
-    """NNCF post-training quantization (default preset: symmetric weights, per-channel) to OpenVINO IR."""
+                  batch_size: int = 32, batch_nums: int = 10, weights: Collection[str] | None = None) -> dict:
+    """NNCF post-training quantization (default preset: symmetric weights, per-channel) to OpenVINO IR.
+    weights: quantize only the compute ops with these weights (server.quant.op_types/skip, as PaddleSlim does);
+    the others go to NNCF's ignored scope. None = every op NNCF quantizes."""
     import nncf
     import openvino as ov
 
@@ -125,7 +151,11 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
     n = min(len(calib), batch_size * batch_nums)
     batches = [np.ascontiguousarray(calib[i:min(i + batch_size, n)], np.float32) for i in range(0, n, batch_size)]
     model = ov.Core().read_model(str(onnx_file))
-    q = nncf.quantize(model, nncf.Dataset(batches), subset_size=len(batches))   # counted in dataset items (batches)
+    ignored, types = ignored_scope(model, weights) if weights is not None else ([], [])
+    scope = nncf.IgnoredScope(names=ignored, types=types, validate=False) if weights is not None else None
+    q = nncf.quantize(model, nncf.Dataset(batches), subset_size=len(batches),   # counted in dataset items (batches)
+                      ignored_scope=scope)
     Path(out_xml).parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(q, str(out_xml))
-    return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": "performance"}
+    return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": "performance",
+            **({"ignored_compute_ops": len(ignored), "ignored_op_types": len(types)} if weights is not None else {})}

@@ -70,6 +70,17 @@ def quantizable_layers(model_prefix: str | os.PathLike,
     return [name for name, _ in _weight_ops(model_prefix, quantizable_op_type)]
 
 
+def weights_to_quantize(model_prefix: str | os.PathLike, op_types: Sequence[str],
+                        skip: Sequence[str] = ()) -> list[str] | None:
+    """The weights PaddleSlim quantizes under server.quant.op_types/skip, for the ONNX Runtime and OpenVINO int8
+    rows to quantize the same layers (paddle2onnx keeps weight names); None with the default op types (or more) and
+    nothing skipped: those engines then quantize what they choose, as before (e.g. PP-OCRv4 det's conv2d_transpose,
+    which PaddleSlim's default op types leave fp32)."""
+    if not skip and set(op_types) >= set(DEFAULT_OP_TYPES):
+        return None
+    return [w for w in quantizable_layers(model_prefix, op_types) if w not in set(skip)]
+
+
 # PaddleSlim's PTQ makes every activation persistable (no memory reuse) and fetches them all to numpy each batch,
 # where the histogram pass takes |x| copies: budget 3x the program's full footprint per sample. Measured peaks
 # (whole process, Paddle itself included): PP-OCRv4 rec, 9 lines x 150 MB: 2.4-2.7 GB (3x says 4.0); v4 det 736x736,
