@@ -163,4 +163,4 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
                         calibrate_method=CalibrationMethod.MinMax, **scoped)
         os.replace(q, out)
     return {"calibration_samples": int(n), "format": "QDQ", "per_channel": True, "reduce_range": reduce_range,
-            "calibrate_method": "MinMax", **({"op_types": list(COMPUTE_OPS), "excluded_compute_nodes": len(scoped["nodes_to_exclude"])} if scoped else {})}
+            "calibrate_method": "MinMax", **({"onnx_op_types": list(COMPUTE_OPS), "excluded_compute_nodes": len(scoped["nodes_to_exclude"])} if scoped else {})}
