@@ -155,6 +155,8 @@ class QuantCfg(Section):
     op_types: list[Literal["conv2d", "depthwise_conv2d", "conv2d_transpose", "mul", "matmul", "matmul_v2"]]
     sensitivity_on_fail: bool
     sensitivity_budget_s: float = Field(gt=0)
+    nncf_preset: Literal["performance", "mixed"]
+    nncf_activation_range: Literal["mean_minmax", "minmax"]
 
 
 class PerfCfg(Section):

@@ -293,7 +293,7 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, prefix) -> Gate:
             return skipped("server", f"{kind} int8", "int8", task.primary_metric, why)
         model = ctx.out_dir / "openvino" / "model_int8.xml"
         qinfo = ov.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums,
-                                 weights=weights)
+                                 weights=weights, preset=q.nncf_preset, activation_range=q.nncf_activation_range)
     qinfo.update(seconds=round(time.perf_counter() - t0, 1), op_types=list(q.op_types), skipped_layers=list(q.skip))
     eng = registry.make(kind, model, "int8", threads=threads)
     gate = _row(ctx, task, "int8", eng, x, ref_out, labels, ref_metric, ctx.cfg.server.gates["int8"], "int8")

@@ -182,8 +182,9 @@ def test_int8_rows_quantize_only_the_layers_paddleslim_does(tiny):
     if not ok:
         pytest.skip(why)
     xml = tiny["dir"] / "scoped" / "model_int8.xml"
-    info = ov.quantize_int8(tiny["onnx"], xml, calib, batch_size=16, batch_nums=1, weights=weights)
-    assert info["ignored_compute_ops"] == 2
+    info = ov.quantize_int8(tiny["onnx"], xml, calib, batch_size=16, batch_nums=1, weights=weights, preset="mixed",
+                            activation_range="minmax")     # configs/ppocr_v4_rec.yaml's NNCF settings
+    assert info["ignored_compute_ops"] == 2 and (info["preset"], info["activation_range"]) == ("mixed", "minmax")
     qmodel = ov_mod.Core().read_model(str(xml))
     fp32_weights = sorted(ov._weight_name(op) for op in qmodel.get_ordered_ops()
                           if op.get_type_name() in ov._COMPUTE_OPS and ov._weight_name(op) is not None)

@@ -138,13 +138,25 @@ def ignored_scope(model, weights: Collection[str]) -> tuple[list[str], list[str]
     return names, sorted({op.get_type_name() for op in ops} - _COMPUTE_OPS - {"Parameter", "Result", "Constant"})
 
 
+PRESETS = ("performance", "mixed")
+ACTIVATION_RANGES = ("mean_minmax", "minmax")
+
+
 def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, calib: np.ndarray, *,
-                  batch_size: int = 32, batch_nums: int = 10, weights: Collection[str] | None = None) -> dict:
-    """NNCF post-training quantization (default preset: symmetric weights, per-channel) to OpenVINO IR.
+                  batch_size: int = 32, batch_nums: int = 10, weights: Collection[str] | None = None,
+                  preset: str = "performance", activation_range: str = "mean_minmax") -> dict:
+    """NNCF post-training quantization (symmetric per-channel weights) to OpenVINO IR.
     weights: quantize only the compute ops with these weights (server.quant.op_types/skip, as PaddleSlim does);
-    the others go to NNCF's ignored scope. None = every op NNCF quantizes."""
+    the others go to NNCF's ignored scope. None = every op NNCF quantizes.
+    preset: performance (symmetric activations, NNCF's default) | mixed (asymmetric activations, as ONNX Runtime's uint8).
+    activation_range: mean_minmax (NNCF's default: the MEAN over calibration batches of each batch's min/max, so the
+    ranges shrink with the batch size) | minmax (the min/max over all samples, as PaddleSlim abs_max and ORT MinMax)."""
     import nncf
     import openvino as ov
+
+    if preset not in PRESETS or activation_range not in ACTIVATION_RANGES:
+        raise ConfigError(f"NNCF preset {preset!r} / activation range {activation_range!r}",
+                          hint=f"preset one of {', '.join(PRESETS)}; activation range one of {', '.join(ACTIVATION_RANGES)}")
 
     if calib.ndim != 4 or len(calib) == 0:
         raise ConfigError(f"calibration data must be [N, C, H, W], got {list(calib.shape)}")
@@ -153,9 +165,16 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
     model = ov.Core().read_model(str(onnx_file))
     ignored, types = ignored_scope(model, weights) if weights is not None else ([], [])
     scope = nncf.IgnoredScope(names=ignored, types=types, validate=False) if weights is not None else None
+    kw = {}
+    if activation_range == "minmax":
+        from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+        kw["advanced_parameters"] = nncf.AdvancedQuantizationParameters(
+            activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
     q = nncf.quantize(model, nncf.Dataset(batches), subset_size=len(batches),   # counted in dataset items (batches)
-                      ignored_scope=scope)
+                      ignored_scope=scope, preset=nncf.QuantizationPreset(preset), **kw)
     Path(out_xml).parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(q, str(out_xml))
-    return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": "performance",
+    return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": preset,
+            "activation_range": activation_range,
             **({"ignored_compute_ops": len(ignored), "ignored_op_types": len(types)} if weights is not None else {})}
