@@ -40,11 +40,19 @@ _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "conca
                   "transpose2", "fused_transpose", "slice", "nearest_interp", "nearest_interp_v2", "split"}
 
 
-# ir_optim="plain": Paddle's own CPU kernels with only the passes that fold ops away (batch norm into conv, dropout,
-# matmul+add into fc) and runtime_context_cache_pass (each op keeps its resolved inputs instead of rebuilding
-# them per run). A tiny model at batch 1 is bound by the executor's per-op cost (~25-30 us per op here), which
-# oneDNN's fused kernels raise (primitive lookup per call): measured on the default CNN, CPU time per call,
-# interleaved, 9 rounds on a loaded 2-core AVX2 host: 0.88x of ir_optim=false, 0.65x of all passes with oneDNN
+# ir_optim="plain": Paddle's own CPU kernels with only the passes that fold ops away (batch norm into conv, dropout)
+# and runtime_context_cache_pass (each op keeps its RuntimeContext instead of rebuilding it per run). A tiny model at
+# batch 1 is bound by the executor's per-op cost, which oneDNN's fused kernels raise (per-run layout transforms of
+# their inputs): measured on the default CNN, CPU time per call, interleaved, 9 rounds on a loaded 2-core AVX2 host:
+# 0.88x of ir_optim=false, 0.65x of all passes with oneDNN. What stays (perf, 2026-12-02, default CNN, 19 ops per
+# run): about half of run() is the kernels (conv 18 %, max pool 17 %, bias add 8 %, relu 3 %), the other half the
+# executor rebuilding each op's InferShape (20 %) and phi KernelContext (13 %) per run plus lookups (13 %). Paddle
+# 2.6.2 has a cache for both (OperatorWithKernel::CacheImpl) that never serves a run: CheckWhetherPreparePhiData is
+# compiled to "if (run_phi_kernel_ && impl_) need_prepare_phi_data_ = true", so uprobes count 19 BuildPhiKernelContext
+# and 0 CacheImpl::NeedInferShape calls per run (perf: the same shares without this pass). No option or flag reaches it.
+# Folding more ops does not pay here: gpu_cpu_map_matmul_v2_to_mul_pass + identity_op_clean_pass (fc with relu, no
+# identity scale: 15 ops) measured the same as this list (interleaved p10 316-322 vs 318-325 us), the simple ops they
+# remove cost little next to conv/pool's attribute-heavy InferShape and kernel context.
 PLAIN_PASSES = ["simplify_with_basic_ops_pass", "is_test_pass", "conv_bn_fuse_pass", "fc_fuse_pass",
                 "runtime_context_cache_pass"]
 
@@ -133,6 +141,14 @@ class InferenceEngine(Engine):
             self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch, sorted(keep_fp32_ops))
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
+        if device == "cpu" and not mkldnn and not plain:
+            # Paddle 2.6 enables oneDNN in every CPU Config by default (Config().mkldnn_enabled() is True), so not
+            # calling enable_mkldnn() is not enough: mkldnn=false still got the oneDNN passes and fused oneDNN kernels
+            # (fused_conv2d in the optimized program of the default CNN). plain keeps the default on purpose: after
+            # disable_mkldnn() create_predictor resets a custom pass list to the full CPU one, and PLAIN_PASSES has no
+            # mkldnn_placement_pass, so no op of a plain predictor runs oneDNN anyway (checked in its optimized program).
+            cfg.disable_mkldnn()
+        self.onednn_config = bool(cfg.mkldnn_enabled())
         if plain:
             cfg.pass_builder().set_passes(PLAIN_PASSES)
         log: list[str] = []
@@ -256,8 +272,7 @@ class InferenceEngine(Engine):
         self.notes.append(f"kept in fp32 (server.fp16.keep_fp32_ops): {', '.join(ops)}")
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        self._in.reshape(list(x.shape))
-        self._in.copy_from_cpu(x)
+        self._in.copy_from_cpu(x)       # reshapes the input tensor to x.shape itself (no separate reshape() call)
         self._predictor.run()
         return self._out.copy_to_cpu()
 
