@@ -49,6 +49,18 @@ PLAIN_PASSES = ["simplify_with_basic_ops_pass", "is_test_pass", "conv_bn_fuse_pa
                 "runtime_context_cache_pass"]
 
 
+# ir_optim="reference": the program op by op on oneDNN's fp32 kernels, nothing fused or folded (is_test_pass only
+# switches ops to their inference form). An imported model's reference outputs and its export's load check: the
+# dygraph jit.load (run_program on Paddle's own kernels) took ~1.2 s per 736x736 v4 det page; this ~0.2 s, and
+# its outputs matched the dygraph ones to 7e-10 (2 pages, 2026-12-02)
+REFERENCE_PASSES = ["mkldnn_placement_pass", "is_test_pass"]
+
+
+def reference_engine(model_prefix, threads: int) -> "InferenceEngine":
+    """The fp32 program as written, fast (REFERENCE_PASSES): what an imported model's gates are measured from."""
+    return InferenceEngine(model_prefix, "fp32", threads=threads, ir_optim="reference")
+
+
 def bf16_status() -> tuple[bool, str]:
     """(True, why) only when the CPU has native BF16 *and* Paddle agrees; oneDNN otherwise silently runs FP32."""
     return capabilities.bf16_cpu_status()
@@ -95,7 +107,7 @@ def _check_options(precision: str, device: str, ir_optim) -> None:
         raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
     if device not in ("cpu", "gpu"):
         raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
-    if ir_optim not in (True, False, "plain"):
+    if ir_optim not in (True, False, "plain", "reference"):
         raise ConfigError(f"unknown ir_optim {ir_optim!r}", hint="true, false or plain")
 
 
@@ -113,7 +125,8 @@ class InferenceEngine(Engine):
                  keep_fp32_ops: Iterable[str] = ()) -> None:
         _check_options(precision, device, ir_optim)
         plain = ir_optim == "plain" and device == "cpu" and precision == "fp32"
-        mkldnn = mkldnn and not plain
+        reference = ir_optim == "reference" and device == "cpu" and precision == "fp32"
+        mkldnn = (mkldnn and not plain) or reference
         super().__init__()
         self.model_prefix = str(model_prefix)
         model, params = _files(model_prefix)
@@ -133,8 +146,8 @@ class InferenceEngine(Engine):
             self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch, sorted(keep_fp32_ops))
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
-        if plain:
-            cfg.pass_builder().set_passes(PLAIN_PASSES)
+        if plain or reference:
+            cfg.pass_builder().set_passes(PLAIN_PASSES if plain else REFERENCE_PASSES)
         log: list[str] = []
         # bf16/int8 labels need evidence: keep the program oneDNN really runs (see engines/evidence.py)
         want_evidence = device == "cpu" and precision in evidence.ONEDNN_TYPE
