@@ -51,10 +51,22 @@ _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "conca
 # compiled to "if (run_phi_kernel_ && impl_) need_prepare_phi_data_ = true", so uprobes count 19 BuildPhiKernelContext
 # and 0 CacheImpl::NeedInferShape calls per run (perf: the same shares without this pass). No option or flag reaches it.
 # Folding more ops does not pay here: gpu_cpu_map_matmul_v2_to_mul_pass + identity_op_clean_pass (fc with relu, no
-# identity scale: 15 ops) measured the same as this list (interleaved p10 316-322 vs 318-325 us), the simple ops they
+# identity scale: 15 ops) measured the same as this list (15 interleaved rounds: p10 322 vs 318 us, min 306 vs 309), the ops they
 # remove cost little next to conv/pool's attribute-heavy InferShape and kernel context.
 PLAIN_PASSES = ["simplify_with_basic_ops_pass", "is_test_pass", "conv_bn_fuse_pass", "fc_fuse_pass",
                 "runtime_context_cache_pass"]
+
+
+# ir_optim="reference": the program op by op on oneDNN's fp32 kernels, nothing fused or folded (is_test_pass only
+# switches ops to their inference form). An imported model's reference outputs and its export's load check: the
+# dygraph jit.load (run_program on Paddle's own kernels) took ~1.2 s per 736x736 v4 det page; this ~0.2 s, and
+# its outputs matched the dygraph ones to 7e-10 (2 pages, 2026-12-02)
+REFERENCE_PASSES = ["mkldnn_placement_pass", "is_test_pass"]
+
+
+def reference_engine(model_prefix, threads: int) -> "InferenceEngine":
+    """The fp32 program as written, fast (REFERENCE_PASSES): what an imported model's gates are measured from."""
+    return InferenceEngine(model_prefix, "fp32", threads=threads, ir_optim="reference")
 
 
 def bf16_status() -> tuple[bool, str]:
@@ -103,7 +115,7 @@ def _check_options(precision: str, device: str, ir_optim) -> None:
         raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
     if device not in ("cpu", "gpu"):
         raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
-    if ir_optim not in (True, False, "plain"):
+    if ir_optim not in (True, False, "plain", "reference"):
         raise ConfigError(f"unknown ir_optim {ir_optim!r}", hint="true, false or plain")
 
 
@@ -121,7 +133,8 @@ class InferenceEngine(Engine):
                  keep_fp32_ops: Iterable[str] = ()) -> None:
         _check_options(precision, device, ir_optim)
         plain = ir_optim == "plain" and device == "cpu" and precision == "fp32"
-        mkldnn = mkldnn and not plain
+        reference = ir_optim == "reference" and device == "cpu" and precision == "fp32"
+        mkldnn = (mkldnn and not plain) or reference
         super().__init__()
         self.model_prefix = str(model_prefix)
         model, params = _files(model_prefix)
@@ -149,8 +162,8 @@ class InferenceEngine(Engine):
             # mkldnn_placement_pass, so no op of a plain predictor runs oneDNN anyway (checked in its optimized program).
             cfg.disable_mkldnn()
         self.onednn_config = bool(cfg.mkldnn_enabled())
-        if plain:
-            cfg.pass_builder().set_passes(PLAIN_PASSES)
+        if plain or reference:
+            cfg.pass_builder().set_passes(PLAIN_PASSES if plain else REFERENCE_PASSES)
         log: list[str] = []
         # bf16/int8 labels need evidence: keep the program oneDNN really runs (see engines/evidence.py)
         want_evidence = device == "cpu" and precision in evidence.ONEDNN_TYPE
