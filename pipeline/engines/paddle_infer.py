@@ -51,8 +51,8 @@ _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "conca
 # compiled to "if (run_phi_kernel_ && impl_) need_prepare_phi_data_ = true", so uprobes count 19 BuildPhiKernelContext
 # and 0 CacheImpl::NeedInferShape calls per run (perf: the same shares without this pass). No option or flag reaches it.
 # Folding more ops does not pay here: gpu_cpu_map_matmul_v2_to_mul_pass + identity_op_clean_pass (fc with relu, no
-# identity scale: 15 ops) measured the same as this list (15 interleaved rounds: p10 322 vs 318 us, min 306 vs 309), the ops they
-# remove cost little next to conv/pool's attribute-heavy InferShape and kernel context.
+# identity scale: 15 ops) measured the same as this list (15 interleaved rounds: p10 322 vs 318 us, min 306 vs 309):
+# the ops they remove cost little next to conv/pool's attribute-heavy InferShape and kernel context.
 PLAIN_PASSES = ["simplify_with_basic_ops_pass", "is_test_pass", "conv_bn_fuse_pass", "fc_fuse_pass",
                 "runtime_context_cache_pass"]
 
