@@ -156,10 +156,10 @@ class InferenceEngine(Engine):
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
         if device == "cpu" and not mkldnn and not plain:
             # Paddle 2.6 enables oneDNN in every CPU Config by default (Config().mkldnn_enabled() is True), so not
-            # calling enable_mkldnn() is not enough: mkldnn=false still got the oneDNN passes and fused oneDNN kernels
-            # (fused_conv2d in the optimized program of the default CNN). plain keeps the default on purpose: after
-            # disable_mkldnn() create_predictor resets a custom pass list to the full CPU one, and PLAIN_PASSES has no
-            # mkldnn_placement_pass, so no op of a plain predictor runs oneDNN anyway (checked in its optimized program).
+            # calling enable_mkldnn() is not enough: mkldnn=false still got the oneDNN passes and fused oneDNN
+            # kernels (fused_conv2d in the optimized program of the default CNN). plain keeps the default on purpose:
+            # after disable_mkldnn() create_predictor resets a custom pass list to the full CPU one, and PLAIN_PASSES
+            # has no mkldnn_placement_pass, so no op of a plain predictor runs oneDNN (checked in its optimized program)
             cfg.disable_mkldnn()
         self.onednn_config = bool(cfg.mkldnn_enabled())
         if plain or reference:
