@@ -124,9 +124,10 @@ def choose(cands: list[Candidate], ranking: list[dict], rc) -> tuple[Candidate, 
     ranked candidate's verdict and speed-up are filled in. None when no fp32 row is left to compare with."""
     measured = {r["engine"]: r for r in ranking}
     ranked = [c for c in cands if c.verdict == CANDIDATE and c.row in measured]
-    for c in ranked:
-        c.latency_ms = round(float(measured[c.row]["latency_ms"]["p50"]), 5)
-        c.throughput_sps = round(float(measured[c.row]["throughput_sps"]), 1)
+    for c in ranked:       # a ranking by one profile leaves the other None (registry.rank by=...)
+        lat, sps = measured[c.row]["latency_ms"], measured[c.row]["throughput_sps"]
+        c.latency_ms = round(float(lat["p50"]), 5) if lat else None
+        c.throughput_sps = round(float(sps), 1) if sps is not None else None
     fp32 = [c for c in ranked if c.precision == "fp32"]
     if not fp32:
         for c in ranked:

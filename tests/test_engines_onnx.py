@@ -104,6 +104,9 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
     rows = registry.rank({"a": eng, "b": registry.make("openvino", tiny["onnx"])}, tiny["x"], batch_size=16,
                          warmup=1, repeats=10, rounds=2)
     assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] > 0 for r in rows)
+    rows = registry.rank({"a": eng, "b": registry.make("openvino", tiny["onnx"])}, tiny["x"], batch_size=16,
+                         warmup=1, repeats=10, rounds=2, by="latency")     # what a latency recommendation reads
+    assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] is None for r in rows)
 
 
 def test_served_onnxruntime_pool_threads_do_not_spin(tiny):
