@@ -129,6 +129,11 @@ def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, 
     def build(c: dict, batch: int | None) -> Engine:
         return make(kind, model, precision, batch=batch, spin=spin, **{**paddle_opts, **c})
 
+    if len(cands) == 1:         # nothing to choose between: timing it would cost (v4 det: ~10 s per engine) and decide nothing
+        why = "the only candidate (server.tuning lists one thread count and variant): not measured"
+        record = {"batch1": {**cands[0], "chosen": why}, "batchN": {**cands[0], "batch": batch_size, "chosen": why},
+                  "instances": "one per batch profile"}
+        return ShapeRouted(build(cands[0], 1), build(cands[0], None)), record
     ones = {n: build(c, 1) for n, c in zip(names, cands)}
     manys = {n: build(c, None) for n, c in zip(names, cands)}
     lat = interleaved_latency(ones, x1, warmup=warmup, repeats=repeats, rounds=rounds)
