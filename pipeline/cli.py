@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import catalogue, env
+from .composite import PARTS, part_configs
 from .errors import PipelineError
 from .session import load, run_stages
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-run stages even when up to date (env FORCE=1)")
     _config_args(run)
     _layout_args(run)
+    run.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)   # one part of an OCR system (its own process)
     launch = sub.add_parser("launch", help="`run train` with an explicit process count (paddle.distributed.launch)")
     launch.add_argument("--nproc", type=int, default=2)
     launch.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1")
@@ -63,15 +65,35 @@ def _run(args) -> int:
     from .layout import plan
 
     cfg = load(args)
-    if cfg.task == "ocr_system":        # two part runs, then the system stage (pipeline/composite.py)
-        from .composite import part_stages, run_system
-        env.import_paddle_quietly(trains=any(_trains(part, names) for _, part, names in part_stages(cfg, args.stages)))
-        return run_system(cfg, args.stages, args.force, run_stages)
+    if cfg.task == "ocr_system" and args.part:      # a system's part, spawned by _run_system below
+        cfg = part_configs(cfg)[args.part]
+    elif cfg.task == "ocr_system":
+        return _run_system(args, cfg)
     names = catalogue.expand(args.stages, cfg.task)       # refuses unknown / inapplicable stages in one line
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
         env.import_paddle_quietly(trains=_trains(cfg, names))   # a launcher of ranks does not need paddle itself
     return run_stages(cfg, names, force=args.force, layout=layout)[1]
+
+
+def _run_system(args, cfg) -> int:
+    """The parts' runs, each in its own supervised process (`run ... --part ROLE`: a kill names its stage, and
+    its memory is returned before the next part starts), then the system stage here (pipeline/composite.py)."""
+    from . import supervise
+    from .composite import run_system
+
+    def run_part(role: str, names: list[str]) -> int:
+        argv = ["run", *names, "--part", role, *(a for c in args.config for a in ("-c", c)),
+                *(a for o in args.override for a in ("-o", o)), *(["--force"] if args.force else [])]
+        if args.nnodes != 1:
+            argv += ["--nnodes", str(args.nnodes), "--master", str(args.master)] + \
+                (["--node-rank", str(args.node_rank)] if args.node_rank is not None else [])
+        return supervise.run_supervised(argv)
+
+    def run_system_stages(cfg, names, force):
+        env.import_paddle_quietly(trains=False)
+        return run_stages(cfg, names, force)
+    return run_system(cfg, args.stages, args.force, run_system_stages, run_part)
 
 
 def _trains(cfg, names: list[str]) -> bool:

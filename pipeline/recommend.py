@@ -4,7 +4,8 @@ Two steps, both plain functions of gate rows and measurements (the server stage 
   screen()  one verdict per servable row: failed / skipped gate, precision not allowed, emulated, no evidence that
             the requested precision ran, over budget (metric drop, agreement with fp32) -> or a candidate;
   choose()  the candidates ranked side by side (registry.rank, interleaved): a low-precision row is chosen only
-            when it is at least `min_speedup` x faster than the fastest fp32 row, else it is "not faster".
+            when it is at least `min_speedup` x faster than the fastest fp32 row, else it is "not faster" (screen()
+            already says so, unranked, of a row not that much faster than its own engine's fp32).
 The record says why the chosen row won and what fp32 would have given (server.recommend in configs/defaults.yaml).
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Candidate:
     latency_ms: float | None = None     # batch-1 p50, interleaved ranking
     throughput_sps: float | None = None
     speedup_vs_fp32: float | None = None    # vs the fastest fp32 row, by recommend.by
-    speed_vs_fp32_in_row: dict | None = None   # the row's own measurement (int8 rows), for reference only
+    speed_vs_fp32_in_row: dict | None = None   # the row's own measurement (int8 rows): under min_speedup -> not ranked
 
     def line(self) -> str:
         speed = f", {self.speedup_vs_fp32:.2f}x the fastest fp32" if self.speedup_vs_fp32 is not None else ""
@@ -102,7 +103,22 @@ def screen_row(gate: Gate, rc, samples: int | None = None) -> Candidate | None:
         c.verdict, c.detail = "no evidence", f"the row recorded no evidence that {prec} ran"
     else:
         _budget(c, gate, rc, samples)
+        _slower_than_own_fp32(c, rc)
     return c
+
+
+def _slower_than_own_fp32(c: Candidate, rc) -> None:
+    """A row not min_speedup x faster than its own engine's fp32 (measured interleaved in the row) cannot be that
+    much faster than the fastest fp32 row either: "not faster" without the ranking (building and timing the v4
+    det's Paddle and ONNX Runtime int8 engines again cost the server stage ~30 s for rows that could not win)."""
+    sp = c.speed_vs_fp32_in_row
+    ratio = (sp or {}).get("batch1" if rc.by == "latency" else "batchN")
+    if c.verdict == CANDIDATE and c.precision != "fp32" and ratio is not None and ratio < rc.min_speedup:
+        c.speedup_vs_fp32 = None
+        profile = "batch-1 p50" if rc.by == "latency" else f"batch-{sp.get('batch')} samples/s"
+        c.verdict = "not faster"
+        c.detail = (f"{c.precision} not faster than {c.engine}'s own fp32: {ratio:.2f}x ({profile}, interleaved in its "
+                    f"row), so not {rc.min_speedup:g}x the fastest fp32 (server.recommend.min_speedup); not ranked")
 
 
 def screen(gates: list[Gate], rc, samples: int | None = None) -> list[Candidate]:
@@ -124,9 +140,10 @@ def choose(cands: list[Candidate], ranking: list[dict], rc) -> tuple[Candidate, 
     ranked candidate's verdict and speed-up are filled in. None when no fp32 row is left to compare with."""
     measured = {r["engine"]: r for r in ranking}
     ranked = [c for c in cands if c.verdict == CANDIDATE and c.row in measured]
-    for c in ranked:
-        c.latency_ms = round(float(measured[c.row]["latency_ms"]["p50"]), 5)
-        c.throughput_sps = round(float(measured[c.row]["throughput_sps"]), 1)
+    for c in ranked:       # a ranking by one profile leaves the other None (registry.rank by=...)
+        lat, sps = measured[c.row]["latency_ms"], measured[c.row]["throughput_sps"]
+        c.latency_ms = round(float(lat["p50"]), 5) if lat else None
+        c.throughput_sps = round(float(sps), 1) if sps is not None else None
     fp32 = [c for c in ranked if c.precision == "fp32"]
     if not fp32:
         for c in ranked:
@@ -157,10 +174,18 @@ def why(chosen: Candidate, base: Candidate, cands: list[Candidate], rc, metric: 
         return (f"fastest within budget: {chosen.speedup_vs_fp32:.2f}x fp32 {base.engine} ({_versus(chosen, base, rc.by)}), "
                 f"{metric} drop {chosen.metric_drop or 0.0:.4g} <= {rc.max_metric_drop:g}{agree}")
     low = [c for c in cands if c.precision != "fp32"]
-    reasons = ", ".join(f"{c.row} {c.verdict}" + (f" ({c.speedup_vs_fp32:.2f}x)" if c.verdict == "not faster" else "")
-                        for c in low)
+    reasons = ", ".join(f"{c.row} {c.verdict}" + _speed_note(c, rc) for c in low)
     return f"fastest fp32 engine that passed ({rc.by}); no low-precision row qualified" + \
         (f": {reasons} (each candidate's detail in `candidates`)" if reasons else " (none ran)")
+
+
+def _speed_note(c: Candidate, rc) -> str:
+    if c.verdict != "not faster":
+        return ""
+    if c.speedup_vs_fp32 is not None:
+        return f" ({c.speedup_vs_fp32:.2f}x)"
+    ratio = (c.speed_vs_fp32_in_row or {}).get("batch1" if rc.by == "latency" else "batchN")
+    return f" ({ratio:.2f}x its own fp32)" if ratio is not None else ""
 
 
 def fp32_baseline(base: Candidate) -> dict:

@@ -3,13 +3,16 @@
 GET  /health   status, model name, task, input shape, versions
 POST /predict  an image (multipart file, or a raw image/png|image/jpeg body) or JSON
                {"inputs": [...]} holding a preprocessed float tensor [N,C,H,W] or [C,H,W];
-               `?outputs=1` also returns the raw model outputs (the server stage's gate uses them).
+               `?outputs=1` also returns the raw model outputs as JSON lists; `?outputs=b64` as
+               {"dtype": "float32", "shape": [...], "data": base64 of the little-endian bytes}
+               (the server stage's gate: a 736x736 detection map is ~5 MB of JSON numbers to write and parse).
 Bad input is answered 400/413/415 with a message, never 500. Images go through the same
 pipeline.preprocess path as training, so served predictions cannot drift from the gated ones.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 import logging
@@ -108,8 +111,8 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
         preds = task.decode(out, infer_cfg["postprocess"], sizes) if sizes else task.decode(out, infer_cfg["postprocess"])
         body = {"model": name, "task": task.name, "predictions": preds,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
-        if request.scope["query_string"] and request.query_params.get("outputs", "0").lower() in ("1", "true", "yes"):
-            body["outputs"] = out.tolist()
+        if request.scope["query_string"]:
+            _add_outputs(body, out, request.query_params.get("outputs", "0").lower())
         # json.dumps straight to bytes: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
         return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
@@ -284,6 +287,22 @@ def serve(bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, threads
         sock.close()
 
 
+def _add_outputs(body: dict, out: np.ndarray, how: str) -> None:
+    if how in ("1", "true", "yes"):
+        body["outputs"] = out.tolist()
+    elif how == "b64":
+        body["outputs_b64"] = {"dtype": "float32", "shape": list(out.shape),
+                               "data": base64.b64encode(np.ascontiguousarray(out, "<f4").tobytes()).decode()}
+
+
+def outputs_of(answer: dict) -> np.ndarray:
+    """The raw outputs of a /predict answer asked with ?outputs=1 or ?outputs=b64."""
+    if "outputs_b64" in answer:
+        b = answer["outputs_b64"]
+        return np.frombuffer(base64.b64decode(b["data"]), "<f4").reshape(b["shape"])
+    return np.asarray(answer["outputs"], dtype=np.float32)
+
+
 def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labels: np.ndarray, task_name: str,
               *, max_requests: int, threads: int = 0, timeout: float = 30.0, engine=None,
               batching: dict | None = None) -> dict:
@@ -310,11 +329,11 @@ def http_gate(model_prefix: str, infer_cfg: dict, images_uint8: np.ndarray, labe
             client.post("/predict", content=bodies[0], headers=headers)      # warm-up: first oneDNN run is slow
             for body in bodies:
                 t0 = time.perf_counter()
-                r = client.post("/predict", params={"outputs": "1"}, content=body, headers=headers)
+                r = client.post("/predict", params={"outputs": "b64"}, content=body, headers=headers)
                 times.append((time.perf_counter() - t0) * 1e3)
                 if r.status_code != 200:
                     raise PipelineError(f"HTTP /predict answered {r.status_code}: {r.text[:200]}")
-                outputs.append(np.asarray(r.json()["outputs"], dtype=np.float32))
+                outputs.append(outputs_of(r.json()))
         except httpx.HTTPError as exc:
             raise PipelineError(f"HTTP request to {srv.url}/predict failed: {exc!r}") from None
     out = np.concatenate(outputs, axis=0)

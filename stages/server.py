@@ -108,7 +108,8 @@ def run(ctx: StageContext) -> StageResult:
     write_json(ctx.out_dir / "serving.json", serving or {})
 
     if sc.http.enable:      # the recommended engine as served (Paddle Inference fp32 when nothing was recommended)
-        gates.append(_http_row(ctx, ref, threads, engine, (serving or {}).get("precision", "fp32")))
+        gates.append(_http_row(ctx, ref, threads, engine, (serving or {}).get("precision", "fp32"),
+                               (serving or {}).get("batching")))
     if engine is not None:
         engine.close()
 
@@ -373,7 +374,7 @@ def _recommend(ctx, ref, gates: list[Gate], served: dict, tuning: dict):
     cands = rec.screen(gates, rc, samples=len(ref.inputs))
     engines = _candidate_engines(ctx, ref, cands, served, tuning)
     rows = registry.rank(engines, ref.inputs, batch_size=ctx.batches["perf"], warmup=sc.perf.warmup,
-                         repeats=sc.perf.repeats, rounds=sc.tuning.rounds) if engines else []
+                         repeats=sc.perf.repeats, rounds=sc.tuning.rounds, by=rc.by) if engines else []
     picked = rec.choose(cands, rows, rc)
     for c in cands:
         log.info("[server] serving candidate %s", c.line())
@@ -451,15 +452,20 @@ def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
     return engines
 
 
-def _http_row(ctx, ref, threads, engine=None, precision: str = "fp32") -> Gate:
+def _http_row(ctx, ref, threads, engine=None, precision: str = "fp32", decided: dict | None = None) -> Gate:
     """The HTTP service users will run (the recommended engine at its precision), started on a free local port
-    and gated like an engine with that precision's tolerance."""
+    and gated like an engine with that precision's tolerance. decided: the batching choice _batching measured a
+    moment ago on this engine, taken as is (measuring it again cost the v4 det row ~10 s)."""
     subject = f"http /predict {precision}"        # nightly regression matches gates by subject
+    batching = _serve_batching(ctx)
+    if decided:
+        batching["mode"] = "on" if decided["enabled"] else "off"
     return run_row("server", subject, precision, ref.task.primary_metric,
-                   lambda: _http_gate_row(ctx, ref, threads, engine, subject, precision), ctx.out_dir / "evidence")
+                   lambda: _http_gate_row(ctx, ref, threads, engine, subject, precision, batching),
+                   ctx.out_dir / "evidence")
 
 
-def _http_gate_row(ctx, ref, threads, engine, subject: str, precision: str) -> Gate:
+def _http_gate_row(ctx, ref, threads, engine, subject: str, precision: str, batching: dict) -> Gate:
     from pipeline.serve import http_gate
 
     sc, task, info, labels, ref_out = ctx.cfg.server, ref.task, ref.info, ref.labels, ref.outputs
@@ -467,7 +473,7 @@ def _http_gate_row(ctx, ref, threads, engine, subject: str, precision: str) -> G
     infer_cfg = {"task": info["task"], "input": {"shape": [None] + info["input_shape"][1:]},
                  "preprocess": info["preprocess"], "postprocess": info["postprocess"]}
     res = http_gate(ref.model_prefix, infer_cfg, ref.images, labels, info["task"], max_requests=sc.http.max_requests,
-                    threads=threads, engine=engine, batching=_serve_batching(ctx))
+                    threads=threads, engine=engine, batching=batching)
     n = res["n"]
     effective = engine.effective_precision if engine is not None else "fp32"
     gate = Gate("server", subject, precision, effective, task.primary_metric,

@@ -301,13 +301,14 @@ def metric_gate(cfg, subject: str, metric: str, value, requested: str, effective
     return gate
 
 
-def write_reference(ctx, task, model, ds, spec):
-    """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (INT8 calibration inputs)."""
+def write_reference(ctx, task, model, ds, spec, forward=None):
+    """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (INT8 calibration inputs).
+    forward(x) -> outputs replaces the dygraph model's (an import's reference engine)."""
     from pipeline.train_loop import predict
 
     cfg = ctx.cfg
     val_x = to_tensor(ds.val.images, spec)
-    val_out = predict(model, val_x, batch=16)
+    val_out = forward(val_x) if forward else predict(model, val_x, batch=16)
     if not np.isfinite(val_out).all():
         raise NonFiniteError("train: the model produces NaN/Inf on the validation set",
                              hint="lower train.lr or black-list exp/softmax under AMP")
@@ -350,6 +351,18 @@ def _import_forward(model, x: np.ndarray, task, prefix) -> list[int]:
     return [int(d) for d in out.shape]
 
 
+def _reference_forward(prefix, sample: np.ndarray):
+    """x -> the imported program's fp32 outputs (engines/paddle_infer.reference_engine), in batches that keep its
+    activations within 1 GB."""
+    from pipeline.engines.paddle_infer import reference_engine
+    from pipeline.engines.perf import batch_for
+    from pipeline.env import cpu_count
+
+    engine = reference_engine(prefix, threads=cpu_count())
+    batch = batch_for(prefix, list(sample.shape), 1024, 16)
+    return lambda x: engine.run_batched(x, batch)
+
+
 def import_model(ctx) -> StageResult:
     """model.source=inference: the train stage imports instead of training. The program's files are hashed
     and copied, its signature checked against the task, and its fp32 outputs on the validation images become
@@ -376,7 +389,8 @@ def import_model(ctx) -> StageResult:
     (ctx.out_dir / "imported").mkdir()
     for suffix in imported.SUFFIXES:             # downstream stages read the run, never the user's folder
         shutil.copy2(str(prefix) + suffix, ctx.out_dir / "imported" / ("inference" + suffix))
-    _, val_out, val_metrics, k = write_reference(ctx, task, model, ds, spec)
+    del model                                   # jit.load checked the signature; the reference is the program run fast
+    _, val_out, val_metrics, k = write_reference(ctx, task, None, ds, spec, forward=_reference_forward(prefix, first))
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
               "inference_yml": imported.inference_yml(prefix)}

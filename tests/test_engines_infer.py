@@ -91,6 +91,30 @@ def test_plain_passes_match_and_unknown_values_are_refused(tiny):
         InferenceEngine(tiny["prefix"], precision="fp32", ir_optim="fast")
 
 
+def test_mkldnn_false_turns_onednn_off_in_the_config(tiny):
+    """Paddle 2.6 enables oneDNN in every CPU Config by default: mkldnn=False must switch it off (it used to only skip
+    enable_mkldnn(), and the predictor still ran the oneDNN passes and kernels); plain keeps the config default for its
+    pass list to hold, with no op placed on oneDNN."""
+    x = tiny["val"][:4]
+    ref = tiny["net"](paddle.to_tensor(x)).numpy()
+    native = InferenceEngine(tiny["prefix"], precision="fp32", threads=1, mkldnn=False)
+    assert native.onednn_config is False and np.abs(native.run(x) - ref).max() < 1e-4
+    assert InferenceEngine(tiny["prefix"], precision="fp32", threads=1).onednn_config is True
+
+
+def test_reference_engine_runs_the_program_unfused_and_matches_its_dygraph_load(tiny):
+    """An import's reference outputs: oneDNN kernels op by op (REFERENCE_PASSES only), equal to jit.load's run."""
+    from pipeline.engines.paddle_infer import reference_engine
+
+    x = tiny["val"][:8]
+    loaded = paddle.jit.load(tiny["prefix"])
+    loaded.eval()
+    ref = loaded(paddle.to_tensor(x)).numpy()
+    eng = reference_engine(tiny["prefix"], threads=1)
+    assert eng.settings["ir_optim"] == "reference" and eng.settings["mkldnn"]
+    assert np.abs(eng.run(x) - ref).max() < 1e-5
+
+
 def test_fp16_emulated_close_but_not_equal(tiny):
     out_prefix = str(tiny["dir"] / "fp16" / "model")
     info = make_fp16_emulated(tiny["prefix"], out_prefix)

@@ -92,6 +92,10 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
     assert isinstance(eng, ShapeRouted)
     assert record["batch1"]["threads"] in (1, 2) and record["batchN"]["threads"] in (1, 2)
     assert set(record["batch1"]["p50_ms_by_candidate"]) == {"threads=1", "threads=2"}
+    one, rec1 = registry.tune("onnxruntime", tiny["onnx"], "fp32", tiny["x"], batch_size=16, threads=[2],
+                              warmup=1, repeats=10, rounds=2)      # one candidate: built, not timed
+    assert rec1["batch1"]["threads"] == 2 and "not measured" in rec1["batchN"]["chosen"]
+    assert np.abs(one.run_batched(tiny["x"], 16) - tiny["ref"]).max() < 1e-4
     assert not any(eng.settings[p]["spinning"] for p in ("batch1", "batchN"))    # measured as `serve` runs them
     seen = []
     for inst, tag in ((eng.single, "single"), (eng.batched, "batched")):
@@ -104,6 +108,9 @@ def test_tune_routes_each_batch_shape_to_its_own_instance(tiny):
     rows = registry.rank({"a": eng, "b": registry.make("openvino", tiny["onnx"])}, tiny["x"], batch_size=16,
                          warmup=1, repeats=10, rounds=2)
     assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] > 0 for r in rows)
+    rows = registry.rank({"a": eng, "b": registry.make("openvino", tiny["onnx"])}, tiny["x"], batch_size=16,
+                         warmup=1, repeats=10, rounds=2, by="latency")     # what a latency recommendation reads
+    assert min(r["p50_vs_fastest"] for r in rows) == 1.0 and all(r["throughput_sps"] is None for r in rows)
 
 
 def test_served_onnxruntime_pool_threads_do_not_spin(tiny):

@@ -50,3 +50,26 @@ def test_system_stage_before_the_parts_names_what_to_run(tmp_path):
     assert outcome.status == "ERROR" and outcome.error.exit_code == 3
     assert "gated 'detection' output" in outcome.error.message
     assert "make train export deploy" in outcome.error.hint
+
+
+def test_parts_run_elsewhere_in_order_and_a_failed_part_stops_the_system(tmp_path):
+    """The CLI hands each part to run_part (its own process: what one model left in the heap is gone before the
+    next starts); only the system stage runs in the calling process, and not after a failed part."""
+    from pipeline.composite import run_system
+
+    cfg = load_config([ROOT / "configs" / "smoke_ocr_system.yaml"], [f"run.root={tmp_path}"])
+    calls = []
+
+    def here(c, names, force):
+        calls.append(("here", c.task, names))
+        return None, 0
+
+    def part(code):
+        return lambda role, names: calls.append(("part", role, names)) or code
+
+    assert run_system(cfg, ["all"], False, here, part(0)) == 0
+    assert [c[:2] for c in calls] == [("part", "detection"), ("part", "recognition"), ("here", "ocr_system")]
+    assert calls[0][2][:2] == ["train", "export"] and calls[2][2] == ["system"]
+    calls.clear()
+    assert run_system(cfg, ["all"], False, here, part(3)) == 3
+    assert calls == [("part", "detection", calls[0][2])]

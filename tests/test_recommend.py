@@ -111,3 +111,19 @@ def test_recommend_config_is_validated(bad):
 
     with pytest.raises(ConfigError):
         load_config([], [bad])
+
+
+def test_a_row_not_faster_than_its_own_fp32_is_not_ranked():
+    """speed_vs_fp32 (interleaved in the int8 row, vs the same engine's fp32) under min_speedup: it cannot beat the
+    fastest fp32 by that much either, so screen() says "not faster" and the ranking never builds it."""
+    slow, fast = _gate("paddle-inference int8", "int8"), _gate("openvino int8", "int8")
+    slow.extra["speed_vs_fp32"] = {"batch1": 0.96, "batchN": 1.4, "batch": 8}
+    fast.extra["speed_vs_fp32"] = {"batch1": 1.2, "batchN": 0.9, "batch": 8}
+    cands = {c.row: c for c in rec.screen([_gate("openvino fp32", "fp32"), slow, fast], _rc())}
+    assert cands["paddle-inference int8"].verdict == "not faster" and cands["openvino int8"].verdict == rec.CANDIDATE
+    assert "0.96x (batch-1 p50" in cands["paddle-inference int8"].detail and "not ranked" in cands["paddle-inference int8"].detail
+    chosen, base = rec.choose(list(cands.values()), _rank({"openvino fp32": 10.0, "openvino int8": 12.0}), _rc())
+    assert chosen.row == "openvino fp32" and "paddle-inference int8 not faster (0.96x its own fp32)" in \
+        rec.why(chosen, base, list(cands.values()), _rc(), "accuracy")
+    by_sps = {c.row: c.verdict for c in rec.screen([slow, fast], _rc(by="throughput"))}
+    assert by_sps == {"paddle-inference int8": rec.CANDIDATE, "openvino int8": "not faster"}

@@ -64,6 +64,7 @@ def test_health(client):
 
 
 def test_png_prediction_matches_the_model(client, tiny_model):
+    from pipeline.serve import outputs_of
     from pipeline.engines.paddle_infer import InferenceEngine
     from pipeline.preprocess import to_tensor
 
@@ -77,6 +78,8 @@ def test_png_prediction_matches_the_model(client, tiny_model):
         assert np.abs(got - want).max() < 1e-4
         assert r.json()["predictions"][0]["label"] == LABELS[int(want.argmax())]
         assert "x-latency-ms" in r.headers
+    b64 = client.post("/predict?outputs=b64", content=_png(img[0]), headers={"content-type": "image/png"}).json()
+    assert np.array_equal(outputs_of(b64), got) and "outputs" not in b64      # the same float32 bits, no list
 
 
 def test_jpeg_and_json_inputs(client, tiny_model):

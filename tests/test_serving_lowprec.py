@@ -55,7 +55,8 @@ def test_record_explains_the_choice_either_way(smoke_chain):
 
 @pytest.mark.slow
 def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
-    """Same rows, budget opened: every int8 row with evidence becomes a candidate (the screen reads real gates)."""
+    """Same rows, budget opened: every int8 row with evidence is within it (the screen reads real gates); one that
+    its own row measured slower than min_speedup x its engine's fp32 is "not faster" before any ranking."""
     from pipeline.gates import Gate
 
     gates = [Gate.from_dict(g) for g in json.loads((smoke_chain / "server" / "manifest.json").read_text())["gates"]]
@@ -63,7 +64,8 @@ def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
     for c in rec.screen(gates, rc):
         g = next(g for g in gates if g.subject == c.row)
         if c.precision == "int8" and g.status == "OK" and evidence.head(g.precision_effective) == "int8":
-            assert c.verdict == rec.CANDIDATE and c.agreement is not None, c
+            assert c.verdict in (rec.CANDIDATE, "not faster") and c.agreement is not None, c
+            assert (c.verdict == "not faster") == (g.extra["speed_vs_fp32"]["batch1"] < rc.min_speedup), c
 
 
 # ------------------------------------------------------------------ serve / verify load what was recommended

@@ -40,13 +40,33 @@ _INT8_SAFE_OPS = {"conv2d", "depthwise_conv2d", "fused_conv2d", "pool2d", "conca
                   "transpose2", "fused_transpose", "slice", "nearest_interp", "nearest_interp_v2", "split"}
 
 
-# ir_optim="plain": Paddle's own CPU kernels with only the passes that fold ops away (batch norm into conv, dropout,
-# matmul+add into fc) and runtime_context_cache_pass (each op keeps its resolved inputs instead of rebuilding
-# them per run). A tiny model at batch 1 is bound by the executor's per-op cost (~25-30 us per op here), which
-# oneDNN's fused kernels raise (primitive lookup per call): measured on the default CNN, CPU time per call,
-# interleaved, 9 rounds on a loaded 2-core AVX2 host: 0.88x of ir_optim=false, 0.65x of all passes with oneDNN
+# ir_optim="plain": Paddle's own CPU kernels with only the passes that fold ops away (batch norm into conv, dropout)
+# and runtime_context_cache_pass (each op keeps its RuntimeContext instead of rebuilding it per run). A tiny model at
+# batch 1 is bound by the executor's per-op cost, which oneDNN's fused kernels raise (per-run layout transforms of
+# their inputs): measured on the default CNN, CPU time per call, interleaved, 9 rounds on a loaded 2-core AVX2 host:
+# 0.88x of ir_optim=false, 0.65x of all passes with oneDNN. What stays (perf, 2026-12-02, default CNN, 19 ops per
+# run): about half of run() is the kernels (conv 18 %, max pool 17 %, bias add 8 %, relu 3 %), the other half the
+# executor rebuilding each op's InferShape (20 %) and phi KernelContext (13 %) per run plus lookups (13 %). Paddle
+# 2.6.2 has a cache for both (OperatorWithKernel::CacheImpl) that never serves a run: CheckWhetherPreparePhiData is
+# compiled to "if (run_phi_kernel_ && impl_) need_prepare_phi_data_ = true", so uprobes count 19 BuildPhiKernelContext
+# and 0 CacheImpl::NeedInferShape calls per run (perf: the same shares without this pass). No option or flag reaches it.
+# Folding more ops does not pay here: gpu_cpu_map_matmul_v2_to_mul_pass + identity_op_clean_pass (fc with relu, no
+# identity scale: 15 ops) measured the same as this list (15 interleaved rounds: p10 322 vs 318 us, min 306 vs 309):
+# the ops they remove cost little next to conv/pool's attribute-heavy InferShape and kernel context.
 PLAIN_PASSES = ["simplify_with_basic_ops_pass", "is_test_pass", "conv_bn_fuse_pass", "fc_fuse_pass",
                 "runtime_context_cache_pass"]
+
+
+# ir_optim="reference": the program op by op on oneDNN's fp32 kernels, nothing fused or folded (is_test_pass only
+# switches ops to their inference form). An imported model's reference outputs and its export's load check: the
+# dygraph jit.load (run_program on Paddle's own kernels) took ~1.2 s per 736x736 v4 det page; this ~0.2 s, and
+# its outputs matched the dygraph ones to 7e-10 (2 pages, 2026-12-02)
+REFERENCE_PASSES = ["mkldnn_placement_pass", "is_test_pass"]
+
+
+def reference_engine(model_prefix, threads: int) -> "InferenceEngine":
+    """The fp32 program as written, fast (REFERENCE_PASSES): what an imported model's gates are measured from."""
+    return InferenceEngine(model_prefix, "fp32", threads=threads, ir_optim="reference")
 
 
 def bf16_status() -> tuple[bool, str]:
@@ -95,7 +115,7 @@ def _check_options(precision: str, device: str, ir_optim) -> None:
         raise ConfigError(f"unknown precision {precision!r}", hint=f"one of {', '.join(PRECISIONS)}")
     if device not in ("cpu", "gpu"):
         raise ConfigError(f"unknown device {device!r}", hint="cpu or gpu")
-    if ir_optim not in (True, False, "plain"):
+    if ir_optim not in (True, False, "plain", "reference"):
         raise ConfigError(f"unknown ir_optim {ir_optim!r}", hint="true, false or plain")
 
 
@@ -113,7 +133,8 @@ class InferenceEngine(Engine):
                  keep_fp32_ops: Iterable[str] = ()) -> None:
         _check_options(precision, device, ir_optim)
         plain = ir_optim == "plain" and device == "cpu" and precision == "fp32"
-        mkldnn = mkldnn and not plain
+        reference = ir_optim == "reference" and device == "cpu" and precision == "fp32"
+        mkldnn = (mkldnn and not plain) or reference
         super().__init__()
         self.model_prefix = str(model_prefix)
         model, params = _files(model_prefix)
@@ -133,8 +154,16 @@ class InferenceEngine(Engine):
             self.effective_precision = self._config_gpu(cfg, precision, tensorrt, max_batch, sorted(keep_fp32_ops))
         else:
             self.effective_precision = self._config_cpu(cfg, precision, threads, mkldnn, int8_ops)
-        if plain:
-            cfg.pass_builder().set_passes(PLAIN_PASSES)
+        if device == "cpu" and not mkldnn and not plain:
+            # Paddle 2.6 enables oneDNN in every CPU Config by default (Config().mkldnn_enabled() is True), so not
+            # calling enable_mkldnn() is not enough: mkldnn=false still got the oneDNN passes and fused oneDNN
+            # kernels (fused_conv2d in the optimized program of the default CNN). plain keeps the default on purpose:
+            # after disable_mkldnn() create_predictor resets a custom pass list to the full CPU one, and PLAIN_PASSES
+            # has no mkldnn_placement_pass, so no op of a plain predictor runs oneDNN (checked in its optimized program)
+            cfg.disable_mkldnn()
+        self.onednn_config = bool(cfg.mkldnn_enabled())
+        if plain or reference:
+            cfg.pass_builder().set_passes(PLAIN_PASSES if plain else REFERENCE_PASSES)
         log: list[str] = []
         # bf16/int8 labels need evidence: keep the program oneDNN really runs (see engines/evidence.py)
         want_evidence = device == "cpu" and precision in evidence.ONEDNN_TYPE
@@ -256,8 +285,7 @@ class InferenceEngine(Engine):
         self.notes.append(f"kept in fp32 (server.fp16.keep_fp32_ops): {', '.join(ops)}")
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        self._in.reshape(list(x.shape))
-        self._in.copy_from_cpu(x)
+        self._in.copy_from_cpu(x)       # reshapes the input tensor to x.shape itself (no separate reshape() call)
         self._predictor.run()
         return self._out.copy_to_cpu()
 

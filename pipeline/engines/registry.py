@@ -129,6 +129,11 @@ def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, 
     def build(c: dict, batch: int | None) -> Engine:
         return make(kind, model, precision, batch=batch, spin=spin, **{**paddle_opts, **c})
 
+    if len(cands) == 1:         # nothing to choose between: timing it would cost (v4 det: ~10 s per engine) and decide nothing
+        why = "the only candidate (server.tuning lists one thread count and variant): not measured"
+        record = {"batch1": {**cands[0], "chosen": why}, "batchN": {**cands[0], "batch": batch_size, "chosen": why},
+                  "instances": "one per batch profile"}
+        return ShapeRouted(build(cands[0], 1), build(cands[0], None)), record
     ones = {n: build(c, 1) for n, c in zip(names, cands)}
     manys = {n: build(c, None) for n, c in zip(names, cands)}
     lat = interleaved_latency(ones, x1, warmup=warmup, repeats=repeats, rounds=rounds)
@@ -150,15 +155,21 @@ def tune(kind: str, model: str | os.PathLike, precision: str, x: np.ndarray, *, 
 
 
 def rank(engines: dict[str, Engine], x: np.ndarray, *, batch_size: int, warmup: int, repeats: int,
-         rounds: int = 5) -> list[dict]:
-    """Side by side, interleaved: batch-1 p50 and batch-N samples/s with ratios to the best of each."""
+         rounds: int = 5, by: str | None = None) -> list[dict]:
+    """Side by side, interleaved: batch-1 p50 and batch-N samples/s with ratios to the best of each.
+    by="latency" / "throughput": only that profile (the other is None): what a recommendation ranks on (the
+    v4 det's six candidates spent ~40 s on batch-8 throughput a latency recommendation never read)."""
     x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
-    lat = interleaved_latency(engines, x1, warmup=warmup, repeats=repeats, rounds=rounds)
+    lat = interleaved_latency(engines, x1, warmup=warmup, repeats=repeats, rounds=rounds) \
+        if by != "throughput" else {k: None for k in engines}
     sps = interleaved_throughput(engines, xb, warmup=max(1, warmup // 2), repeats=max(rounds, repeats // 5),
-                                 rounds=rounds)
-    best_lat = min(v["p50"] for v in lat.values())
-    best_sps = max(sps.values())
+                                 rounds=rounds) if by != "latency" else {k: None for k in engines}
+    best_lat = min((v["p50"] for v in lat.values() if v), default=None)
+    best_sps = max((v for v in sps.values() if v), default=None)
     rows = [{"engine": k, "latency_ms": lat[k], "throughput_sps": sps[k], "throughput_batch": batch_size,
-             "p50_vs_fastest": round(lat[k]["p50"] / best_lat, 3), "sps_vs_best": round(sps[k] / best_sps, 3)}
+             "p50_vs_fastest": round(lat[k]["p50"] / best_lat, 3) if lat[k] else None,
+             "sps_vs_best": round(sps[k] / best_sps, 3) if sps[k] else None}
             for k in engines]
+    if by == "throughput":
+        return sorted(rows, key=lambda r: -r["throughput_sps"])
     return sorted(rows, key=lambda r: r["latency_ms"]["p50"])
