@@ -256,7 +256,8 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
-                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, ref.model_prefix), evidence_dir))
+                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, ref.model_prefix),
+                                 evidence_dir))
         if kind == "openvino" and "bf16" in sc.precisions:
             log.info("[server] %s bf16 row", kind)
             gates.append(run_row("server", f"{kind} bf16", "bf16", task.primary_metric,
