@@ -50,7 +50,9 @@ def test_default_task_nightly_accept_nightly(smoke_chain, tmp_path):
 
 
 def test_recognition_nightly_accept_nightly_and_a_planted_slowdown(tmp_path):
-    common = _common(tmp_path, "configs/smoke_rec.yaml")
+    # one tuning candidate per engine (built, not timed): tuning is not what this test is about
+    common = _common(tmp_path, "configs/smoke_rec.yaml") + ["-o", "server.tuning.threads=[1]",
+                                                            "-o", "server.tuning.paddle_ir_optim=[true]"]
     first, out = _nightly(common)
     assert "baseline: none (first run)" in out
     pipeline_cli("accept", *common, check=True)
