@@ -107,12 +107,16 @@ def screen_row(gate: Gate, rc, samples: int | None = None) -> Candidate | None:
     return c
 
 
+def _own_fp32_ratio(c: Candidate, rc) -> float | None:
+    """fp32 time / this row's time on its own engine, in the profile server.recommend.by ranks (None: not measured)."""
+    return (c.speed_vs_fp32_in_row or {}).get("batch1" if rc.by == "latency" else "batchN")
+
+
 def _slower_than_own_fp32(c: Candidate, rc) -> None:
     """A row not min_speedup x faster than its own engine's fp32 (measured interleaved in the row) cannot be that
     much faster than the fastest fp32 row either: "not faster" without the ranking (building and timing the v4
     det's Paddle and ONNX Runtime int8 engines again cost the server stage ~30 s for rows that could not win)."""
-    sp = c.speed_vs_fp32_in_row
-    ratio = (sp or {}).get("batch1" if rc.by == "latency" else "batchN")
+    sp, ratio = c.speed_vs_fp32_in_row, _own_fp32_ratio(c, rc)
     if c.verdict == CANDIDATE and c.precision != "fp32" and ratio is not None and ratio < rc.min_speedup:
         c.speedup_vs_fp32 = None
         profile = "batch-1 p50" if rc.by == "latency" else f"batch-{sp.get('batch')} samples/s"
@@ -184,7 +188,7 @@ def _speed_note(c: Candidate, rc) -> str:
         return ""
     if c.speedup_vs_fp32 is not None:
         return f" ({c.speedup_vs_fp32:.2f}x)"
-    ratio = (c.speed_vs_fp32_in_row or {}).get("batch1" if rc.by == "latency" else "batchN")
+    ratio = _own_fp32_ratio(c, rc)
     return f" ({ratio:.2f}x its own fp32)" if ratio is not None else ""
 
 

@@ -47,11 +47,9 @@ def _load_and_run(prefix, x: np.ndarray, imported_program: bool) -> np.ndarray:
     import paddle
 
     if imported_program:
-        from pipeline.engines.paddle_infer import reference_engine
-        from pipeline.engines.perf import batch_for
-        from pipeline.env import cpu_count
+        from pipeline.engines.paddle_infer import reference_outputs
 
-        return reference_engine(prefix, threads=cpu_count()).run_batched(x, batch_for(prefix, list(x[:1].shape), 1024, 16))
+        return reference_outputs(prefix, x)
     loaded = paddle.jit.load(str(prefix))
     loaded.eval()
     with paddle.no_grad():

@@ -351,24 +351,14 @@ def _import_forward(model, x: np.ndarray, task, prefix) -> list[int]:
     return [int(d) for d in out.shape]
 
 
-def _reference_forward(prefix, sample: np.ndarray):
-    """x -> the imported program's fp32 outputs (engines/paddle_infer.reference_engine), in batches that keep its
-    activations within 1 GB."""
-    from pipeline.engines.paddle_infer import reference_engine
-    from pipeline.engines.perf import batch_for
-    from pipeline.env import cpu_count
-
-    engine = reference_engine(prefix, threads=cpu_count())
-    batch = batch_for(prefix, list(sample.shape), 1024, 16)
-    return lambda x: engine.run_batched(x, batch)
-
-
 def import_model(ctx) -> StageResult:
     """model.source=inference: the train stage imports instead of training. The program's files are hashed
     and copied, its signature checked against the task, and its fp32 outputs on the validation images become
     the reference every later stage is gated on (labels optional: parity needs none)."""
     import paddle
     import shutil
+
+    from pipeline.engines.paddle_infer import reference_outputs
 
     cfg = ctx.cfg
     task = get_task(cfg.task, cfg.section("detection")["detection"])
@@ -390,7 +380,8 @@ def import_model(ctx) -> StageResult:
     for suffix in imported.SUFFIXES:             # downstream stages read the run, never the user's folder
         shutil.copy2(str(prefix) + suffix, ctx.out_dir / "imported" / ("inference" + suffix))
     del model                                   # jit.load checked the signature; the reference is the program run fast
-    _, val_out, val_metrics, k = write_reference(ctx, task, None, ds, spec, forward=_reference_forward(prefix, first))
+    _, val_out, val_metrics, k = write_reference(ctx, task, None, ds, spec,
+                                                 forward=lambda x: reference_outputs(prefix, x))
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
               "inference_yml": imported.inference_yml(prefix)}

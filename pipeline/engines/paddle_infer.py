@@ -69,6 +69,16 @@ def reference_engine(model_prefix, threads: int) -> "InferenceEngine":
     return InferenceEngine(model_prefix, "fp32", threads=threads, ir_optim="reference")
 
 
+def reference_outputs(model_prefix, x: np.ndarray) -> np.ndarray:
+    """An imported program's fp32 outputs on x (reference_engine, all cores), in batches whose activations stay
+    within 1 GB: its reference (train) and its load check (export)."""
+    from pipeline.engines.perf import batch_for
+    from pipeline.env import cpu_count
+
+    engine = reference_engine(model_prefix, threads=cpu_count())
+    return engine.run_batched(x, batch_for(model_prefix, list(x[:1].shape), 1024, 16))
+
+
 def bf16_status() -> tuple[bool, str]:
     """(True, why) only when the CPU has native BF16 *and* Paddle agrees; oneDNN otherwise silently runs FP32."""
     return capabilities.bf16_cpu_status()
