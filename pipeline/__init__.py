@@ -5,8 +5,8 @@ imports this package before anything touches paddle.
 """
 import zlib  # noqa: F401  -- must precede paddle: libpaddle exports its own zlib symbols (segfault otherwise)
 
-from .env import apply_cpu_tuning as _apply_cpu_tuning
-from .version import __version__  # noqa: F401
+from pipeline.core.env import apply_cpu_tuning as _apply_cpu_tuning
+from pipeline.core.version import __version__  # noqa: F401
 
 _apply_cpu_tuning()
 # Paddle's C++ INFO/WARNING chatter (executor banners, deprecations) drowns the summary; errors stay visible

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
-from . import catalogue, env
-from .composite import PARTS, part_configs
-from .errors import PipelineError
-from .session import load, run_stages
+from pipeline.core import catalogue, env
+from pipeline.core.composite import PARTS, part_configs
+from pipeline.core.errors import PipelineError
+from pipeline.core.console import setup_logging
+from pipeline.core.session import load, run_stages
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -49,20 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--task", help="print only the stage names a run of this task goes through (one line)")
     st.add_argument("--alias", default="all", help="with --task: the stages this alias runs (all, deploy)")
     st.set_defaults(func=_stages)
-    from . import cli_tools              # verify / serve / history / nightly / accept
+    from pipeline import cli_tools  # verify / serve / history / nightly / accept
     cli_tools.register(sub, _config_args)
-    from . import conformance            # make conformance
+    from pipeline.nightly import conformance  # make conformance
     conformance.register(sub)
     return parser
 
 
 def _launch(args) -> int:
-    from .distributed import launch
+    from pipeline.training.distributed import launch
     return launch(args)
 
 
 def _run(args) -> int:
-    from .layout import plan
+    from pipeline.core.process_layout import plan
 
     cfg = load(args)
     if cfg.task == "ocr_system" and args.part:      # a system's part, spawned by _run_system below
@@ -78,9 +78,9 @@ def _run(args) -> int:
 
 def _run_system(args, cfg) -> int:
     """The parts' runs, each in its own supervised process (`run ... --part ROLE`: a kill names its stage, and
-    its memory is returned before the next part starts), then the system stage here (pipeline/composite.py)."""
-    from . import supervise
-    from .composite import run_system
+    its memory is returned before the next part starts), then the system stage here (pipeline/core/composite.py)."""
+    from pipeline.core import supervise
+    from pipeline.core.composite import run_system
 
     def run_part(role: str, names: list[str]) -> int:
         argv = ["run", *names, "--part", role, *(a for c in args.config for a in ("-c", c)),
@@ -119,29 +119,18 @@ def _stages(args) -> int:
     return 0
 
 
-def setup_logging() -> None:
-    # our own handler: paddle reconfigures the root logger on import
-    log = logging.getLogger("pipeline")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "overrides", ""):       # before -o items: an explicit -o wins
-            from .config import split_overrides
+            from pipeline.core.config import split_overrides
             args.override = split_overrides(args.overrides) + list(args.override)
         if args.command == "run":
             return _run(args)
         if args.command == "summary":
-            from .errors import MissingArtifact
-            from .summary import print_summary
+            from pipeline.core.errors import MissingArtifact
+            from pipeline.core.summary import print_summary
             cfg = load(args)
             if not cfg.run_dir.is_dir():
                 raise MissingArtifact(f"no run folder {cfg.run_dir}",

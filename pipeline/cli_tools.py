@@ -65,9 +65,9 @@ def _trust(args, cfg):
 
 
 def _verify(args) -> int:
-    from .session import load as _load
-    from .env import import_paddle_quietly
-    from .verify import verify_or_raise
+    from pipeline.core.session import load as _load
+    from pipeline.core.env import import_paddle_quietly
+    from pipeline.bundle.verify import verify_or_raise
 
     cfg = _load(args)
     import_paddle_quietly()         # paddle's import-time banner would bury the one-line error
@@ -86,8 +86,8 @@ def _verify(args) -> int:
 def _sign(args) -> int:
     import tempfile
 
-    from .bundle import open_bundle, verify_hashes, write_archive
-    from .signing import sign
+    from pipeline.bundle.format import open_bundle, verify_hashes, write_archive
+    from pipeline.bundle.signing import sign
 
     path = args.bundle
     if path.is_dir():
@@ -108,10 +108,11 @@ def _sign(args) -> int:
 
 
 def _serve(args) -> int:
-    from .session import load as _load
-    from .env import import_paddle_quietly
-    from .httplimits import HttpLimits
-    from .serve import bind, serve
+    from pipeline.core.session import load as _load
+    from pipeline.core.env import import_paddle_quietly
+    from pipeline.serving.limits import HttpLimits
+    from pipeline.serving.http_common import bind
+    from pipeline.serving.app import serve
 
     cfg = _load(args)
     sock = bind(args.host, args.port)        # a bad or busy port: one line now, not after loading the model
@@ -127,14 +128,14 @@ def _serve(args) -> int:
 
 def _stage_order(cfg) -> list[str]:
     """The chain of this config's task (the catalogue decides; the OCR system stage is not in a model's chain)."""
-    from .catalogue import for_task
+    from pipeline.core.catalogue import for_task
     return for_task(cfg.task)
 
 
 def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, str]) -> int:
     """Compare + junit + report + history; the regression list goes to stderr as one block."""
-    from .errors import RegressionFound
-    from .regression import check_run, regression_block
+    from pipeline.core.errors import RegressionFound
+    from pipeline.nightly.regression import check_run, regression_block
 
     res = check_run(cfg, run_dir, _stage_order(cfg), baseline=baseline, stage_errors=stage_errors)
     comps = res["comparisons"]
@@ -154,9 +155,9 @@ def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, st
 
 
 def _nightly(args) -> int:
-    from .session import load as _load, run_stages
-    from .env import import_paddle_quietly
-    from .errors import ConfigError
+    from pipeline.core.session import load as _load, run_stages
+    from pipeline.core.env import import_paddle_quietly
+    from pipeline.core.errors import ConfigError
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     name = _load(args).run.name           # the series (nightly, nightly_rec, ...): one baseline per series
@@ -176,8 +177,8 @@ def _nightly(args) -> int:
 
 
 def _compare(args) -> int:
-    from .session import load as _load
-    from .errors import MissingArtifact
+    from pipeline.core.session import load as _load
+    from pipeline.core.errors import MissingArtifact
 
     run_dir = args.run_dir.resolve()
     if not (run_dir / "config.resolved.yaml").is_file():
@@ -190,10 +191,10 @@ def _compare(args) -> int:
 
 
 def _accept(args) -> int:
-    from .session import load as _load
-    from .errors import MissingArtifact
-    from .history import History
-    from .regression import accept, history_path, series
+    from pipeline.core.session import load as _load
+    from pipeline.core.errors import MissingArtifact
+    from pipeline.nightly.history import History
+    from pipeline.nightly.regression import accept, history_path, series
 
     cfg = _load(args)
     run_dir = args.run_dir
@@ -210,9 +211,9 @@ def _accept(args) -> int:
 
 
 def _history(args) -> int:
-    from .session import load as _load
-    from .history import History, print_trend
-    from .regression import history_path
+    from pipeline.core.session import load as _load
+    from pipeline.nightly.history import History, print_trend
+    from pipeline.nightly.regression import history_path
 
     print_trend(History(history_path(_load(args))), limit=args.limit)
     return 0

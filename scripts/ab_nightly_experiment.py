@@ -1,6 +1,6 @@
 """Does the nightly's A/B latency judgement cry wolf? And does it catch a real slowdown?
 
-Runs the nightly's latency comparison step (pipeline.regression.latency_ab: baseline and new artifacts
+Runs the nightly's latency comparison step (pipeline.nightly.regression.latency_ab: baseline and new artifacts
 re-measured in one process, alternating rounds, same input) N times in a row on unchanged artifacts
 while a competing process keeps one core busy, and counts false latency failures (want 0). Then N more
 times with a planted 1.5x slowdown on the new side (a wrapper that busy-waits half of each call's own
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pipeline  # noqa: E402,F401  (zlib before paddle, CPU tuning)
-from pipeline.config import load_config  # noqa: E402
-from pipeline.regression import latency_ab  # noqa: E402
+from pipeline.core.config import load_config  # noqa: E402
+from pipeline.nightly.regression import latency_ab  # noqa: E402
 
 LOAD = "import time\nend = time.time() + {s}\nx = 0\nwhile time.time() < end:\n    x += 1\n"
 

@@ -46,8 +46,8 @@ def largest_batch(cfg, task, ds, spec, plan, start: int, limit: int = 1 << 15) -
     """GPU only: double the batch until a training step runs out of memory."""
     import paddle
 
-    from pipeline import amp
-    from pipeline.preprocess import to_tensor
+    from pipeline.training import amp
+    from pipeline.data.preprocess import to_tensor
 
     model = task.build_model(cfg.section("model")["model"], ds.info)
     opt = paddle.optimizer.Adam(1e-4, parameters=model.parameters())
@@ -86,11 +86,12 @@ def child(args) -> None:
     import logging
 
     logging.getLogger("pipeline").setLevel(logging.ERROR)
-    from pipeline import amp, env
-    from pipeline.config import load_config
+    from pipeline.training import amp
+    from pipeline.core import env
+    from pipeline.core.config import load_config
     from pipeline.tasks import get_task
     from pipeline.tasks.base import Datasets, Split
-    from pipeline.train_loop import train_model
+    from pipeline.training.loop import train_model
 
     paddle = env.import_paddle_quietly()
     cfg = load_config([ROOT / "configs" / "chars.yaml"], _overrides(args, args.child))

@@ -37,11 +37,11 @@ def _bodies(bundle: Path) -> tuple[str, list[bytes]]:
     import numpy as np
 
     import pipeline  # noqa: F401  (zlib before paddle)
-    from pipeline import bundle_layout
-    from pipeline.bundle import load_infer_config
+    from pipeline.bundle import layout as bundle_layout
+    from pipeline.bundle.format import load_infer_config
 
     if load_infer_config(bundle).get("task") == "ocr_system":
-        from pipeline.preprocess import png_bytes
+        from pipeline.data.preprocess import png_bytes
 
         return "/ocr", [png_bytes(page) for page in _real_pages("RGB")]
     with np.load(bundle / bundle_layout.SAMPLES_EXPECTED) as z:
@@ -65,10 +65,10 @@ def _ocr_runners(threads: int, max_batch: int) -> tuple[dict, list]:
     from concurrent.futures import ThreadPoolExecutor
 
     import pipeline  # noqa: F401
-    from pipeline.config import load_config
-    from pipeline.ocr import ppocr_system
-    from pipeline.ocr.service import _PageRunner
-    from pipeline.ppocr_models import fetch
+    from pipeline.core.config import load_config
+    from pipeline.tasks import ppocr_system
+    from pipeline.serving.ocr_routes import _PageRunner
+    from pipeline.ocr.ppocr_models import fetch
 
     sys_cfg = load_config([ROOT / "configs/ppocr_v4_system.yaml"])
     models = fetch()
@@ -83,8 +83,8 @@ def _ocr_runners(threads: int, max_batch: int) -> tuple[dict, list]:
 
 def _real_pages(mode: str) -> list:
     """The real images /ocr accepts (short.png, 65x11, is refused as too thin to read: 400)."""
-    from pipeline.errors import DataError
-    from pipeline.imagedecode import decode_page
+    from pipeline.core.errors import DataError
+    from pipeline.data.imagedecode import decode_page
 
     out = []
     for p in sorted(p for p in (ROOT / "tests/data/real_images").iterdir() if p.suffix.lower() in (".png", ".jpg")):
@@ -113,7 +113,7 @@ async def _pages_at(runner, pages: list, concurrency: int, repeat: int) -> float
 def ocr_flow(a) -> int:
     import asyncio
 
-    from pipeline import env
+    from pipeline.core import env
 
     runners, pages = _ocr_runners(a.threads or env.cpu_count(), a.max_batch)
     auto = _auto_ocr(runners["batching on"], a.max_batch)
@@ -137,7 +137,7 @@ def ocr_flow(a) -> int:
 
 def _auto_ocr(runner, max_batch: int) -> dict:
     """What mode=auto decides for this recogniser (the measurement /ocr makes at start-up)."""
-    from pipeline.batching import DEFAULTS, decide
+    from pipeline.serving.batching import DEFAULTS, decide
 
     spec, rec = runner.spec, runner.rec
     shape = [int(rec.input_shape[1]), int(spec.rec_pre["height"]), int(spec.rec_pre["width"])]

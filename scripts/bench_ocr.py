@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 import pipeline  # noqa: E402,F401  (zlib before paddle)
-from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "tests" / "data" / "real_images"
@@ -52,14 +52,14 @@ class Ours:
     """The served system: read_pages on the configured engines, and the crop flow (cls + rec) for crops."""
 
     def __init__(self, args):
-        from pipeline.ocr import ppocr_system
+        from pipeline.tasks import ppocr_system
 
         if args.bundle:
-            from pipeline.ocr.system_bundle import served_system
+            from pipeline.bundle.system import served_system
             self.det, self.rec, self.cls, self.spec = served_system(Path(args.bundle), threads=1, kind=args.engine)
         else:
-            from pipeline.config import load_config
-            from pipeline.ppocr_models import fetch
+            from pipeline.core.config import load_config
+            from pipeline.ocr.ppocr_models import fetch
 
             sys_cfg = load_config([ROOT / args.config])
             det_cfg = load_config([ROOT / sys_cfg.system.detection])

@@ -6,9 +6,9 @@ same model (configs/chars.yaml: small_cnn), the same global batch and synthetic 
     writes it; paddle.DataParallel when there are several processes), one row per layout:
     processes × threads per process × OpenMP wait policy, plus the untuned baseline (Paddle defaults:
     no MKL_DEBUG_CPU_TYPE / OMP / MKL variables);
-  - the pipeline's trainer (pipeline.train_loop.train_model, the code the train stage runs), in one
+  - the pipeline's trainer (pipeline.training.loop.train_model, the code the train stage runs), in one
     process with the pipeline's own tuning, and in the layout `train.nproc: auto` chooses, with the
-    environment the launcher gives its ranks (pipeline.distributed._child_env).
+    environment the launcher gives its ranks (pipeline.training.distributed._child_env).
 Rows take turns, one epoch each per round, so only one group computes at a time and load from other
 processes falls on all rows alike; medians over rounds; ratios against the untuned plain loop.
 Every process runs in its own session, as paddle.distributed.launch starts its ranks (setsid): with
@@ -38,13 +38,13 @@ from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when r
 
 import numpy as np  # noqa: E402
 
-from pipeline import env  # noqa: E402
+from pipeline.core import env  # noqa: E402
 
 STRIP = (*env.TUNING_VARS, "KMP_BLOCKTIME", env.TUNED_MARK, env.LAUNCHER_MARK, "PIPELINE_TUNING_WHY")
 
 
 def setup(batch: int, steps: int):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.data.chars import CLASSES
     from pipeline.tasks import get_task
     from pipeline.tasks.base import Datasets, Split
@@ -67,7 +67,7 @@ class Plain:
     def __init__(self, cfg, task, ds, spec):
         import paddle
 
-        from pipeline.distributed import world
+        from pipeline.training.distributed import world
 
         paddle.seed(cfg.seed)
         self.rank, self.world = world()
@@ -83,7 +83,7 @@ class Plain:
         import paddle
         import paddle.nn.functional as F
 
-        from pipeline.preprocess import to_tensor
+        from pipeline.data.preprocess import to_tensor
 
         b, images, labels = self.cfg.train.batch_size, self.ds.train.images, self.ds.train.labels
         per = b // self.world
@@ -115,12 +115,12 @@ def serve(epoch, ready: dict) -> None:
 
 
 def run_trainer(cfg, task, ds, spec, work: Path, ready: dict) -> None:
-    """pipeline.train_loop.train_model, called once as the train stage does (DataParallel built once);
+    """pipeline.training.loop.train_model, called once as the train stage does (DataParallel built once);
     its epoch hook paces the rounds: it replies the epoch's samples/s (step loop only) and waits."""
     import paddle
 
-    from pipeline import amp
-    from pipeline.train_loop import train_model
+    from pipeline.training import amp
+    from pipeline.training.loop import train_model
 
     paddle.seed(cfg.seed)
     model = task.build_model(cfg.section("model")["model"], ds.info)
@@ -180,7 +180,7 @@ class Row:
         self.name, self.kind, self.nproc = name, kind, nproc
         base = {k: v for k, v in os.environ.items() if k not in STRIP}
         if tuned_env is None:
-            base["PIPELINE_NO_TUNING"] = "1"           # exactly the variables below, nothing from pipeline/env.py
+            base["PIPELINE_NO_TUNING"] = "1"           # exactly the variables below, nothing from pipeline/core/env.py
             base.update(extra or {})
         else:
             base.update(tuned_env)                     # the pipeline's own environment for its ranks
@@ -217,10 +217,10 @@ class Row:
 
 def rows(args, cores: int):
     """(name, kind, nproc, env, pipeline env) for every row; the trainer runs in 1 process and in
-    processes, and the layout `train.nproc: auto` picks right now (pipeline/layout.py) is marked."""
-    from pipeline.config import load_config
-    from pipeline.distributed import _child_env
-    from pipeline.layout import plan
+    processes, and the layout `train.nproc: auto` picks right now (pipeline/core/process_layout.py) is marked."""
+    from pipeline.core.config import load_config
+    from pipeline.training.distributed import _child_env
+    from pipeline.core.process_layout import plan
 
     mkl = {"MKL_DEBUG_CPU_TYPE": "5"} if env.cpu_vendor() == "AuthenticAMD" else {}
     th = lambda n: {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}  # noqa: E731
@@ -258,7 +258,7 @@ def main() -> int:
     p.add_argument("--kind", default="plain", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.batch is None:
-        from pipeline.config import load_config
+        from pipeline.core.config import load_config
         args.batch = load_config([ROOT / "configs" / "chars.yaml"]).train.batch_size
     if args.child:
         child(args)

@@ -24,10 +24,10 @@ import yaml  # noqa: E402
 
 
 def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int) -> dict:
-    from pipeline.config import Tolerance
+    from pipeline.core.config import Tolerance
     from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
-    from pipeline.gates import Gate, evaluate_tol
-    from pipeline.reference import load_reference
+    from pipeline.core.gates import Gate, evaluate_tol
+    from pipeline.tasks.reference import load_reference
 
     cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
     tol = Tolerance(**cfg["server"]["gates"]["fp16"])

@@ -27,7 +27,7 @@ from rich.table import Table  # noqa: E402
 
 def measure(run_dir: Path, batch: int = 64) -> list[dict]:
     from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
-    from pipeline.reference import load_reference
+    from pipeline.tasks.reference import load_reference
 
     ref = load_reference(run_dir / "export")
     task, x, labels = ref.task, ref.inputs, ref.labels

@@ -17,13 +17,14 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import yaml
 
-from pipeline import bundle_layout, env, signing
-from pipeline.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
-from pipeline.bundle import FORMAT_VERSION, publish, write_archive, write_sample_pngs
-from pipeline.config import ROOT
-from pipeline.errors import ConfigError
-from pipeline.gates import OK, Check, Gate
-from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.bundle import layout as bundle_layout, signing
+from pipeline.core import env
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
+from pipeline.bundle.format import FORMAT_VERSION, publish, write_archive, write_sample_pngs
+from pipeline.core.config import ROOT
+from pipeline.core.errors import ConfigError
+from pipeline.core.gates import OK, Check, Gate
+from pipeline.core.runner import Stage, StageContext, StageResult
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -40,7 +41,7 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None, sam
         "postprocess": info["postprocess"],
         "primary_metric": info["primary_metric"],
         "models": export_info,
-        "serving": serving or None,     # recommended engine + measured settings (pipeline/serving.py)
+        "serving": serving or None,     # recommended engine + measured settings (pipeline/bundle/serving_choice.py)
         "sample_check": sample_check,   # `verify`'s tolerance on the bundled samples (bundle.sample_atol/rtol/prob_atol)
     }
 
@@ -189,7 +190,7 @@ def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key:
 
 
 def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
-    from pipeline.verify import verify_bundle            # signature, hashes, then real runs on the samples
+    from pipeline.bundle.verify import verify_bundle            # signature, hashes, then real runs on the samples
     report = verify_bundle(b, timeout=cfg.lite.timeout, key=public_key)
     gate = Gate("bundle", "bundle self-verification", "float32", "float32", "sample outputs", value=None,
                 checks=[Check(**c) for c in report["checks"]])
@@ -200,6 +201,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
-              make_target="deploy", run=run, code_deps=("pipeline/bundle.py", "pipeline/verify.py", "pipeline/verify_model.py", "pipeline/preprocess.py",
-                                                "pipeline/serving.py", "pipeline/bundle_layout.py"),
+              make_target="deploy", run=run, code_deps=("pipeline/bundle/format.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py", "pipeline/data/preprocess.py",
+                                                "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
               description="self-describing bundle, verified and published")

@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from pipeline import ocr
-from pipeline.artifacts import atomic_write_bytes, atomic_write_text, require_file
-from pipeline.gates import Gate, evaluate_tol
-from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, require_file
+from pipeline.core.gates import Gate, evaluate_tol
+from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
 
 
@@ -97,5 +97,5 @@ def run(ctx: StageContext) -> StageResult:
 
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
               outputs=("inference.pdmodel", "inference.pdiparams", "reference.npz", "info.json"),
-              code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/gates.py"),
+              code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/core/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -15,13 +15,14 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from pipeline import bundle_layout, ocr
-from pipeline.artifacts import write_json
-from pipeline.errors import PipelineError
-from pipeline.capabilities import host_arch
-from pipeline.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped, unverified
-from pipeline.runner import Stage, StageContext, StageResult
-from pipeline.reference import load_reference
+from pipeline.bundle import layout as bundle_layout
+from pipeline import ocr
+from pipeline.core.artifacts import write_json
+from pipeline.core.errors import PipelineError
+from pipeline.core.capabilities import host_arch
+from pipeline.core.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped, unverified
+from pipeline.core.runner import Stage, StageContext, StageResult
+from pipeline.tasks.reference import load_reference
 
 log = logging.getLogger("pipeline")
 
@@ -174,6 +175,6 @@ def _note_sizes(gates: list[Gate], arm_fp32_bytes: int | None) -> None:
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
               outputs=("lite.json",), optional_outputs=("*.nb",),
-              code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
-                         "pipeline/reference.py"),
+              code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
+                         "pipeline/tasks/reference.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -6,7 +6,7 @@ bf16 (only where the CPU really has bf16; else SKIPPED — Paddle would silently
 and int8 from the same calibration data, OpenVINO bf16 where the CPU has it (CUDA/TensorRT providers only
 where a GPU is). Every row that runs also gets latency/throughput figures; fp32 engines are tuned per batch
 profile; every row that passed, low precision included, is screened against server.recommend and the fastest
-within budget is recommended for serving (pipeline/recommend.py).
+within budget is recommended for serving (pipeline/bundle/recommend.py).
 Writes: models/int8 (and models/fp16 on GPU), onnx/model.onnx for the bundle, serving.json, perf.json.
 """
 from __future__ import annotations
@@ -16,14 +16,16 @@ import time
 
 import numpy as np
 
-from pipeline import bundle_layout, env, ocr, resources
+from pipeline.bundle import layout as bundle_layout
+from pipeline.core import env, resources
+from pipeline import ocr
 from pipeline.engines import evidence
-from pipeline.artifacts import write_json
-from pipeline.errors import PipelineError
-from pipeline.gates import FAIL, Gate, evaluate_tol, run_row, skipped
-from pipeline.runner import Stage, StageContext, StageResult
-from pipeline.serving import precision_settings
-from pipeline.reference import load_reference
+from pipeline.core.artifacts import write_json
+from pipeline.core.errors import PipelineError
+from pipeline.core.gates import FAIL, Gate, evaluate_tol, run_row, skipped
+from pipeline.core.runner import Stage, StageContext, StageResult
+from pipeline.bundle.serving_choice import precision_settings
+from pipeline.tasks.reference import load_reference
 
 log = logging.getLogger("pipeline")
 
@@ -367,8 +369,8 @@ def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
 
 def _recommend(ctx, ref, gates: list[Gate], served: dict, tuning: dict):
     """Every servable row screened against server.recommend, the candidates ranked side by side (interleaved),
-    the fastest within budget chosen (pipeline/recommend.py) -> (serving record or None, its engine or None)."""
-    from pipeline import recommend as rec
+    the fastest within budget chosen (pipeline/bundle/recommend.py) -> (serving record or None, its engine or None)."""
+    from pipeline.bundle import recommend as rec
     from pipeline.engines import registry
 
     sc, rc = ctx.cfg.server, ctx.cfg.server.recommend
@@ -398,7 +400,7 @@ def _serve_batching(ctx) -> dict:
 def _batching(ctx, engine, input_shape: list, preprocess: dict) -> dict:
     """Would concurrent requests pay to share the recommended engine's calls (serve.batching)? Recorded for the
     bundle; `serve` measures again at start-up, on the machine that serves."""
-    from pipeline.batching import decide, describe, served_shape
+    from pipeline.serving.batching import decide, describe, served_shape
 
     choice = decide(engine.run, served_shape(input_shape, preprocess)[1:], _serve_batching(ctx))
     log.info("[server] %s", describe(choice))
@@ -407,7 +409,7 @@ def _batching(ctx, engine, input_shape: list, preprocess: dict) -> dict:
 
 def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, metric: str) -> dict:
     """serving.json: what is served and why, what fp32 would have given, every candidate with its verdict."""
-    from pipeline import recommend as rec
+    from pipeline.bundle import recommend as rec
 
     sc, rc = ctx.cfg.server, ctx.cfg.server.recommend
     tol = sc.gates[chosen.precision]
@@ -427,7 +429,7 @@ def _serving_record(ctx, chosen, base, cands, rows: list[dict], tuning: dict, me
 
 def _candidate_engines(ctx, ref, cands, served: dict, tuning: dict) -> dict:
     """Row subject -> engine as `serve` would run it, for every candidate (fp32: the tuned instances)."""
-    from pipeline import recommend as rec
+    from pipeline.bundle import recommend as rec
     from pipeline.engines import registry
 
     sc, engines = ctx.cfg.server, {}
@@ -467,7 +469,7 @@ def _http_row(ctx, ref, threads, engine=None, precision: str = "fp32", decided: 
 
 
 def _http_gate_row(ctx, ref, threads, engine, subject: str, precision: str, batching: dict) -> Gate:
-    from pipeline.serve import http_gate
+    from pipeline.serving.predict import http_gate
 
     sc, task, info, labels, ref_out = ctx.cfg.server, ref.task, ref.info, ref.labels, ref.outputs
     t0 = time.perf_counter()
@@ -522,9 +524,9 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", 
               outputs=("serving.json", "perf.json"),
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
                                 "openvino/model_int8.xml"),
-              run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/gates.py",
-                                  "pipeline/serve.py", "pipeline/reference.py", "pipeline/recommend.py",
-                                  "pipeline/serving.py", "pipeline/bundle_layout.py"),
+              run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
+                                  "pipeline/serving/app.py", "pipeline/tasks/reference.py", "pipeline/bundle/recommend.py",
+                                  "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 

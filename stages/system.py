@@ -1,6 +1,6 @@
 """system: one OCR bundle from a gated detection run and a gated recognition run.
 
-Inputs are the two parts' published bundles (artifacts of other runs, see pipeline/composite.py);
+Inputs are the two parts' published bundles (artifacts of other runs, see pipeline/core/composite.py);
 nothing here imports another stage. On synthetic invoice pages from a seed neither model saw,
 the flow page → boxes → crops → recognition runs per engine row, and each row is gated:
   paddle-inference fp32 (the reference chain): line accuracy and field accuracy floors;
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import env
-from pipeline.artifacts import atomic_write_text, describe_files, write_json
-from pipeline.bundle import FORMAT_VERSION, write_archive
-from pipeline.composite import part_configs
-from pipeline.config import ROOT
-from pipeline.errors import ConfigError, PipelineError
-from pipeline.gates import FAIL, OK, Check, Gate, metric_check, skipped
-from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.core import env
+from pipeline.core.artifacts import atomic_write_text, describe_files, write_json
+from pipeline.bundle.format import FORMAT_VERSION, write_archive
+from pipeline.core.composite import part_configs
+from pipeline.core.config import ROOT
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.gates import FAIL, OK, Check, Gate, metric_check, skipped
+from pipeline.core.runner import Stage, StageContext, StageResult
 
 log = logging.getLogger("pipeline")
 METRIC = "line_accuracy"
@@ -106,7 +106,7 @@ def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: 
     """One set of engines (det, rec[, cls]; make(role, sub-bundle) builds each) through the flow, gated on its
     drop vs the fp32 chain; an engine that fails to load or run is that row's FAIL, and the other rows still run."""
     from pipeline.ocr.system import read_pages
-    from pipeline.ocr.system_bundle import engine_set
+    from pipeline.bundle.system import engine_set
 
     t0 = time.perf_counter()
     try:
@@ -122,7 +122,7 @@ def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: 
 
 def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Chain]:
     from pipeline.ocr.system import read_pages
-    from pipeline.ocr.system_bundle import engine_set, paddle_engine
+    from pipeline.bundle.system import engine_set, paddle_engine
 
     sc = ctx.cfg.system
     images = list(pages["images"])
@@ -138,7 +138,7 @@ def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Cha
 
 def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate], _Chain]:
     from pipeline.engines import paddle_infer as pi
-    from pipeline.ocr.system_bundle import LITE_BATCH, lite_engine, lite_shape, model_prefix, paddle_engine
+    from pipeline.bundle.system import LITE_BATCH, lite_engine, lite_shape, model_prefix, paddle_engine
 
     sc = ctx.cfg.system
     fp32, chain = _fp32_chain(ctx, subs, spec, pages, keys, threads)
@@ -177,7 +177,7 @@ def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
     """The fp32 chain on every other configured runtime (server.engines: ONNX Runtime, OpenVINO) from the
     bundles' server/onnx/model.onnx files, gated on its drop vs the Paddle Inference fp32 chain."""
     from pipeline.engines import registry
-    from pipeline.serving import MODEL_PATHS
+    from pipeline.bundle.serving_choice import MODEL_PATHS
 
     gates = []
     for kind in (k for k in ctx.cfg.server.engines if k != "paddle-inference"):
@@ -199,7 +199,7 @@ SERVED = "as served (system.engine=auto)"
 def _served_row(ctx, chain: _Chain, threads: int) -> Gate:
     """Each part on its own recommendation (engine and precision, as /ocr loads it), gated on its drop vs the fp32
     chain with the tolerance of the lowest precision in the set (system.gates.<int8|fp16|bf16>, else engines)."""
-    from pipeline.ocr.system_bundle import part_serving, served_engine
+    from pipeline.bundle.system import part_serving, served_engine
 
     parts = {r: part_serving(b) for r, b in chain.subs.items()}
     precs = [p["precision"] for p in parts.values()]
@@ -218,7 +218,7 @@ def _effective(det, rec) -> str:
 
 def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
     """/ocr over HTTP must read as the same engines did in process (the fp32 chain, or the system.engine row)."""
-    from pipeline.ocr.service import http_ocr_gate
+    from pipeline.serving.app import http_ocr_gate
     from pipeline.ocr.system_metrics import agreement
 
     pages, auto = chain.pages, ctx.cfg.system.engine == "auto"
@@ -244,8 +244,8 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
 
 
 def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
-    from pipeline.ocr.ppocr_system import flow_of
-    from pipeline.ocr.system_bundle import part_serving
+    from pipeline.tasks.ppocr_system import flow_of
+    from pipeline.bundle.system import part_serving
 
     cls = "classifier" in subs
     return {"format_version": FORMAT_VERSION, "task": "ocr_system", "detection": "detection",
@@ -277,7 +277,7 @@ def _model_card(name: str, gates: list[Gate], parts: dict) -> str:
 
 def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: list, parts: dict) -> None:
     """The parts' bundles unchanged, sample pages with the fp32 chain's lines, infer_config, card, manifest."""
-    from pipeline.ocr.system_bundle import write_samples
+    from pipeline.bundle.system import write_samples
 
     sc = ctx.cfg.system
     for role, sub in chain.subs.items():
@@ -299,7 +299,7 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
 
 
 def _verify_gate(b: Path, timeout: float, threads: int) -> Gate:
-    from pipeline.ocr.system_bundle import verify_system
+    from pipeline.bundle.system import verify_system
 
     t0 = time.perf_counter()
     report = verify_system(b, timeout=timeout, threads=threads)
@@ -315,10 +315,10 @@ def _verify_gate(b: Path, timeout: float, threads: int) -> Gate:
 
 
 def _read_rows(ctx, parts: dict) -> tuple[list[Gate], _Chain]:
-    from pipeline.bundle import load_infer_config
+    from pipeline.bundle.format import load_infer_config
     from pipeline.data.invoice_pages import keys_for
     from pipeline.ocr.system import SystemSpec
-    from pipeline.ocr.ppocr_system import flow_of
+    from pipeline.tasks.ppocr_system import flow_of
 
     subs = {role: _bundle_folder(ctx, role) for role in parts}
     det_cfg, rec_cfg = load_infer_config(subs["detection"]), load_infer_config(subs["recognition"])
@@ -350,7 +350,7 @@ def run(ctx: StageContext) -> StageResult:
     if cfg.bundle.archive:
         write_archive(b, ctx.out_dir / f"{name}.tar.gz")
     if all(g.status != FAIL for g in gates):
-        from pipeline.bundle import publish
+        from pipeline.bundle.format import publish
         publish(ctx.out_dir, name, root, cfg.bundle.archive)
     summary = {k2: chain.ref[k2] for k2 in ("line_accuracy", "field_accuracy", "lines", "fields")}
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
@@ -365,7 +365,7 @@ def _external(cfg) -> dict[str, Path]:
 STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
-              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/composite.py", "pipeline/verify.py", "pipeline/verify_model.py",
-                         "pipeline/serving.py", "pipeline/bundle_layout.py"),
+              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",
+                         "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

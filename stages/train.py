@@ -4,7 +4,7 @@ Writes: model.pdparams (the best epoch's weights, float32), info.json (labels/ch
 spec), val_slice.npz (inputs, labels and the trained model's outputs: the reference every later stage is
 gated on), calib.npz (INT8 calibration inputs), metrics.jsonl (per-epoch telemetry). The manifest records
 requested vs effective precision. The epoch loop, checkpoints/resume and the NaN guard live in
-pipeline/train_loop.py; multi-process runs in pipeline/distributed.py.
+pipeline/training/loop.py; multi-process runs in pipeline/training/distributed.py.
 """
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ import random
 
 import numpy as np
 
-from pipeline import amp, checkpoint, env, ocr
-from pipeline.artifacts import atomic_write_bytes, atomic_write_text
-from pipeline.distributed import launch_stage
-from pipeline.errors import ConfigError, DataError, NonFiniteError
-from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate, count_nonfinite
+from pipeline.training import amp, checkpoint
+from pipeline.core import env
+from pipeline import ocr
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text
+from pipeline.training.distributed import launch_stage
+from pipeline.core.errors import ConfigError, DataError, NonFiniteError
+from pipeline.core.gates import FAIL, OK, SKIPPED, Check, Gate, count_nonfinite
 from pipeline.models import imported
-from pipeline.preprocess import to_tensor
-from pipeline.runner import Stage, StageContext, StageResult
+from pipeline.data.preprocess import to_tensor
+from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.tasks import get_task
 
 log = logging.getLogger("pipeline")
@@ -144,7 +146,7 @@ def precheck_amp(cfg, model, plan, x: np.ndarray):
 def _bn_diagnosis(cfg, task, model, x: np.ndarray, labels: np.ndarray, gate: Gate) -> str:
     """When the train gate fails: is it BatchNorm's running statistics rather than the weights?
     Train mode (batch statistics) far above eval mode (running statistics) on the same batch says so."""
-    from pipeline import bn
+    from pipeline.training import bn
 
     if not bn.bn_layers(model):
         return ""
@@ -163,8 +165,8 @@ def _bn_diagnosis(cfg, task, model, x: np.ndarray, labels: np.ndarray, gate: Gat
 def run(ctx: StageContext) -> StageResult:
     import paddle  # noqa: F401  (loaded before the model code, as the stage always did)
 
-    from pipeline.distributed import world
-    from pipeline.train_loop import require_visualdl, train_model
+    from pipeline.training.distributed import world
+    from pipeline.training.loop import require_visualdl, train_model
 
     cfg = ctx.cfg
     if cfg.model.source == "inference":
@@ -233,7 +235,7 @@ def _reference_model(cfg, task, ds, spec, best_state):
     amp.load_state(model, best_state)
     bn_info = None
     if cfg.train.bn_recalibrate:       # before the reference outputs: every later stage sees these statistics
-        from pipeline import bn
+        from pipeline.training import bn
         n = min(len(ds.train.labels), cfg.train.batch_size * bn.RECALIBRATE_BATCHES)
         bn_info = bn.recalibrate(model, to_tensor(ds.train.images[:n], spec), cfg.train.batch_size)
         best_state = amp.fp32_state_dict(model)
@@ -258,7 +260,7 @@ def _validation_gate(cfg, task, model, val_x, ds, plan, value, history) -> Gate:
 
 def _note_output_kind(task, model, x: np.ndarray) -> None:
     """A model ending in softmax (PaddleOCR's recognizers and cls) gets a loss and gates that know it."""
-    from pipeline.train_loop import predict
+    from pipeline.training.loop import predict
 
     if getattr(task, "outputs", None) == "logits":        # detection maps are probabilities by definition
         from pipeline.tasks.recognition import is_probabilities
@@ -270,7 +272,7 @@ def _note_output_kind(task, model, x: np.ndarray) -> None:
 
 def _pretrained_metrics(task, model, ds, spec) -> dict:
     """The starting point's validation metrics, so a fine-tune reports before vs after."""
-    from pipeline.train_loop import predict
+    from pipeline.training.loop import predict
 
     out = task.metrics(predict(model, to_tensor(ds.val.images, spec), batch=16), ds.val.labels)
     log.info("[train] pretrained model before training: %s", out)
@@ -304,7 +306,7 @@ def metric_gate(cfg, subject: str, metric: str, value, requested: str, effective
 def write_reference(ctx, task, model, ds, spec, forward=None):
     """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (INT8 calibration inputs).
     forward(x) -> outputs replaces the dygraph model's (an import's reference engine)."""
-    from pipeline.train_loop import predict
+    from pipeline.training.loop import predict
 
     cfg = ctx.cfg
     val_x = to_tensor(ds.val.images, spec)
@@ -403,7 +405,7 @@ STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "mod
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
                                 "imported/inference.pdiparams"),
-              code_deps=("pipeline/train_loop.py", "pipeline/amp.py", "pipeline/bn.py", "pipeline/checkpoint.py", "pipeline/tasks",
-                         *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/preprocess.py",
-                         "pipeline/text_metrics.py", "pipeline/layout.py"),
+              code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/tasks",
+                         *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/data/preprocess.py",
+                         "pipeline/ocr/text_metrics.py", "pipeline/core/process_layout.py"),
               description="AMP training on the configured task")

@@ -871,11 +871,11 @@ def _stages_copy(e: Env) -> Path:
 
 
 def hold_run_lock(e: Env) -> Path:
-    """Another process holding the run folder's lock (pipeline/runlock.py); returns its run.root."""
+    """Another process holding the run folder's lock (pipeline/core/runlock.py); returns its run.root."""
     import subprocess
 
     root = e.tmp / "locked"
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline import runlock; "
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline.core import runlock; "
             f"runlock.acquire({str(root / 'smoke')!r}); print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     _HELD.append(_Held(lambda: (proc.kill(), proc.wait())))

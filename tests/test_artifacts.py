@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.artifacts import describe_files, staged_dir, verify_outputs, atomic_write_text
-from pipeline.errors import IntegrityError
+from pipeline.core.artifacts import describe_files, staged_dir, verify_outputs, atomic_write_text
+from pipeline.core.errors import IntegrityError
 
 
 def test_staged_dir_keeps_old_output_on_failure(tmp_path):

@@ -51,7 +51,7 @@ def _keys(folder: Path) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def env(smoke_chain, smoke_bundle, tmp_path_factory):
-    from pipeline import signing
+    from pipeline.bundle import signing
 
     keys = tmp_path_factory.mktemp("keys")
     priv, pub, other = _keys(keys)
@@ -136,7 +136,7 @@ def assert_one_line(code, out: str, err: str, case) -> str:
 @pytest.mark.parametrize("case", corpus.CLI_CASES, ids=[c.id for c in corpus.CLI_CASES])
 def test_cli_case(case, case_env):
     if case.id == "no-gpu":
-        from pipeline import env as penv
+        from pipeline.core import env as penv
         if penv.capabilities()["gpu"]:
             pytest.skip("this machine has a GPU")
     before = snapshot(case_env)
@@ -150,7 +150,7 @@ def test_cli_case(case, case_env):
 def http(env):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app
+    from pipeline.serving.app import create_app
 
     with TestClient(create_app(env.bundle), raise_server_exceptions=False) as client:
         yield client
@@ -226,15 +226,15 @@ def test_signed_bundle_verifies_with_its_key_and_says_unchecked_without(env):
 
 
 def test_tampered_signed_bundle_fails_before_any_file_is_parsed(env, tmp_path, monkeypatch):
-    import pipeline.bundle
+    import pipeline.bundle.format
     import pipeline.engines.paddle_infer
-    import pipeline.verify
+    import pipeline.bundle.verify
 
     parsed = []
     monkeypatch.setattr(pipeline.engines.paddle_infer.InferenceEngine, "__init__",
                         lambda *a, **k: parsed.append("paddle") or (_ for _ in ()).throw(AssertionError("parsed")))
-    monkeypatch.setattr(pipeline.verify, "load_infer_config", lambda *a: parsed.append("infer_config"))
-    monkeypatch.setattr(pipeline.verify, "verify_hashes", lambda *a: parsed.append("manifest"))
+    monkeypatch.setattr(pipeline.bundle.verify, "load_infer_config", lambda *a: parsed.append("infer_config"))
+    monkeypatch.setattr(pipeline.bundle.verify, "verify_hashes", lambda *a: parsed.append("manifest"))
     e = corpus.Env(**{**env.__dict__, "tmp": tmp_path})
     bad = corpus.tampered_rehashed(e, "server/fp32/inference.pdiparams", src=env.signed)
     code, out, err = run_cli(["verify", bad, "--key", env.pub])
@@ -242,7 +242,7 @@ def test_tampered_signed_bundle_fails_before_any_file_is_parsed(env, tmp_path, m
     assert parsed == []
     # without the key the same bundle passes the hash check: only the signature tells
     monkeypatch.undo()
-    from pipeline.bundle import verify_hashes
+    from pipeline.bundle.format import verify_hashes
     verify_hashes(bad)
 
 
@@ -273,7 +273,7 @@ def test_bundle_stage_signs_when_a_key_is_configured(env, tmp_path):
 # ------------------------------------------------------------------------------------ serve limits
 
 def test_pixel_limit_is_read_from_the_header_not_the_pixels():
-    from pipeline.preprocess import ImageTooLarge, decode_image_bytes
+    from pipeline.data.preprocess import ImageTooLarge, decode_image_bytes
 
     spec = {"height": 32, "width": 32, "mean": 0.5, "std": 0.5}
     with pytest.raises(ImageTooLarge, match="10000x10000"):      # the PNG holds no pixel data at all
@@ -283,13 +283,13 @@ def test_pixel_limit_is_read_from_the_header_not_the_pixels():
 # ------------------------------------------------------------------------------------ temp folders, O=
 
 def test_temp_folders_of_a_killed_process_are_removed_by_the_next(tmp_path):
-    code = ("import os, signal, sys; sys.path.insert(0, %r); from pipeline import tempdirs; "
+    code = ("import os, signal, sys; sys.path.insert(0, %r); from pipeline.core import tempdirs; "
             "print(tempdirs.make('lite-fp16-probe'), flush=True); os.kill(os.getpid(), signal.SIGKILL)" % str(ROOT))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGKILL
     leaked = Path(res.stdout.strip())
     assert leaked.is_dir()                           # kill -9: no atexit ran
-    from pipeline import tempdirs
+    from pipeline.core import tempdirs
 
     mine = tempdirs.make("lite-fp16-probe")
     try:
@@ -305,7 +305,7 @@ def test_temp_folders_of_a_killed_process_are_removed_by_the_next(tmp_path):
     ("", []),
 ])
 def test_overrides_string_is_split_like_a_user_reads_it(text, items):
-    from pipeline.config import load_config, split_overrides
+    from pipeline.core.config import load_config, split_overrides
 
     assert split_overrides(text) == items
     if text.startswith("data.path"):
@@ -316,7 +316,7 @@ def test_overrides_string_is_split_like_a_user_reads_it(text, items):
 def test_every_O_example_in_the_readme_parses():
     import re
 
-    from pipeline.config import load_config, split_overrides
+    from pipeline.core.config import load_config, split_overrides
 
     text = (ROOT / "README.md").read_text()
     examples = [" ".join(m.group(2).split()) for m in re.finditer(r"\bO=([\"'])(.*?)\1", text, re.S)]

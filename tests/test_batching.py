@@ -1,4 +1,4 @@
-"""Batching of concurrent requests (pipeline/batching.py): requests that wait for a busy engine share its call,
+"""Batching of concurrent requests (pipeline/serving/batching.py): requests that wait for a busy engine share its call,
 each gets exactly its own answer, a bad one fails alone, a lone request is not held back, and the choice is
 measured and recorded. Served on the tiny model of test_serve (seconds)."""
 import asyncio
@@ -10,7 +10,7 @@ import pytest
 from test_serve import H, W, _png, tiny_model  # noqa: F401  (the fixture)
 
 from pipeline.engines.base import Engine
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 
 class _Busy(Engine):
@@ -36,7 +36,7 @@ class _Busy(Engine):
 
 
 def _app(tiny_model, mode: str, engine):  # noqa: F811
-    from pipeline.serve import create_app_from_model
+    from pipeline.serving.predict import create_app_from_model
 
     return create_app_from_model(*tiny_model, engine=engine, max_concurrency=16, batching={"mode": mode, "max_batch": 8,
                                                                        "max_wait_ms": 0, "min_saving_ms": 0.5})
@@ -89,7 +89,7 @@ def test_a_failing_request_does_not_fail_the_others(tiny_model):  # noqa: F811
 
 
 def test_a_lone_request_runs_at_once_and_alone():
-    from pipeline.batching import Coalescer
+    from pipeline.serving.batching import Coalescer
 
     seen = []
 
@@ -107,7 +107,7 @@ def test_a_lone_request_runs_at_once_and_alone():
 
 
 def test_coalescer_groups_by_key_and_bounds_the_batch():
-    from pipeline.batching import Coalescer
+    from pipeline.serving.batching import Coalescer
 
     seen = []
 
@@ -126,7 +126,7 @@ def test_coalescer_groups_by_key_and_bounds_the_batch():
 
 
 def test_the_choice_is_measured_and_recorded(tiny_model):  # noqa: F811
-    from pipeline.batching import decide, describe
+    from pipeline.serving.batching import decide, describe
     from pipeline.engines.paddle_infer import InferenceEngine
 
     eng = InferenceEngine(tiny_model[0], "fp32", threads=1)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.capabilities import host_arch
+from pipeline.core.capabilities import host_arch
 
-from pipeline.bundle import open_bundle, safe_extract, verify_hashes, write_archive
-from pipeline.errors import IntegrityError, MissingArtifact
+from pipeline.bundle.format import open_bundle, safe_extract, verify_hashes, write_archive
+from pipeline.core.errors import IntegrityError, MissingArtifact
 from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def test_verify_cli_fails_with_one_line_on_a_bad_archive(tmp_path):
 
 @pytest.mark.slow
 def test_fresh_bundle_verifies_folder_and_archive(bundle):
-    from pipeline.verify import verify_or_raise
+    from pipeline.bundle.verify import verify_or_raise
 
     for path in bundle:
         report = verify_or_raise(path)

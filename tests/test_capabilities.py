@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import capabilities as caps
-from pipeline import env
-from pipeline.errors import ConfigError
+from pipeline.core import capabilities as caps
+from pipeline.core import env
+from pipeline.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def test_simulated_bf16_is_allowed_to_run_but_says_so(machine, monkeypatch):
 
 
 def test_profile_reaches_child_processes():
-    out = subprocess.run([sys.executable, "-c", "import pipeline.capabilities as c; print(c.has_bf16(), c.profile())"],
+    out = subprocess.run([sys.executable, "-c", "import pipeline.core.capabilities as c; print(c.has_bf16(), c.profile())"],
                          cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ,
                                                                         caps.PROFILE_ENV: "bf16"}, timeout=60)
     assert out.stdout.split()[0] == "True" and "bf16" in out.stdout

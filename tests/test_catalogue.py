@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import catalogue, resources, supervise
-from pipeline.config import load_config
-from pipeline.errors import ConfigError, IntegrityError, MissingArtifact
-from pipeline.gates import FAIL, SKIPPED, skipped
-from pipeline.runner import Runner, Stage, StageContext, StageResult
+from pipeline.core import catalogue, resources, supervise
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
+from pipeline.core.gates import FAIL, SKIPPED, skipped
+from pipeline.core.runner import Runner, Stage, StageContext, StageResult
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def test_a_stage_that_skips_its_declared_output_is_refused(tmp_path):
 
 def test_a_kernel_killed_stage_is_named(capsys):
     code = supervise.run_supervised([], cmd=[sys.executable, "-c",
-                                             "import os, signal, pipeline.supervise as s; s.mark_stage('server'); "
+                                             "import os, signal, pipeline.core.supervise as s; s.mark_stage('server'); "
                                              "os.kill(os.getpid(), signal.SIGKILL)"])
     assert code == 128 + signal.SIGKILL
     err = capsys.readouterr().err.strip()

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import capabilities as caps
-from pipeline.artifacts import sha256_file
+from pipeline.core import capabilities as caps
+from pipeline.core.artifacts import sha256_file
 from pipeline.engines import evidence
 from tests.clirun import pipeline_cli as cli
 

@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.config import load_config, parse_override
-from pipeline.errors import ConfigError
+from pipeline.core.config import load_config, parse_override
+from pipeline.core.errors import ConfigError
 
 
 def test_defaults_and_task_config_load():

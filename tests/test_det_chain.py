@@ -9,7 +9,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline.preprocess import png_bytes
+from pipeline.data.preprocess import png_bytes
 from tests.clirun import pipeline_cli as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_bundle_carries_post_processing_and_verifies(det_run):
 def test_serve_predict_returns_boxes(det_run):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app
+    from pipeline.serving.app import create_app
 
     bundle = det_run / "bundles" / _manifest(det_run, "bundle")["info"]["name"]
     body = (bundle / "samples" / "000.png").read_bytes()

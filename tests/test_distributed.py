@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline import checkpoint, env
-from pipeline.artifacts import load_manifest, verify_outputs
-from pipeline.config import load_config
-from pipeline.errors import ConfigError
+from pipeline.training import checkpoint
+from pipeline.core import env
+from pipeline.core.artifacts import load_manifest, verify_outputs
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-c", "configs/smoke.yaml", "-o", "data.num_train=480", "-o", "data.num_val=64", "-o", "train.epochs=2",
@@ -57,7 +58,7 @@ def tiny_cfg(*extra: str):
 # ---------------------------------------------------------------- no processes
 
 def test_global_batch_must_split_evenly():
-    from pipeline.layout import plan, split_batch
+    from pipeline.core.process_layout import plan, split_batch
 
     assert split_batch(128, 2) == 64 and split_batch(96, 3) == 32
     with pytest.raises(ConfigError, match=r"train.batch_size 100 .* 3 processes") as exc:
@@ -72,7 +73,7 @@ def test_global_batch_must_split_evenly():
 
 
 def test_auto_layout_rule():
-    from pipeline.layout import _auto
+    from pipeline.core.process_layout import _auto
 
     assert _auto(128, 2, 0, 1)[0] == 2                     # 2 cores: 2 processes x 1 thread
     assert _auto(128, 1, 0, 1)[0] == 1
@@ -84,7 +85,7 @@ def test_auto_layout_rule():
 
 
 def test_layout_is_in_the_fingerprint_but_not_train_nproc_itself():
-    from pipeline.runner import fingerprint, registry
+    from pipeline.core.runner import fingerprint, registry
 
     stage = registry()["train"]
     one, two = {"nproc": 1, "nnodes": 1, "threads": 2}, {"nproc": 2, "nnodes": 1, "threads": 1}
@@ -109,7 +110,7 @@ def test_wait_policy_probe_decides_active_on_quiet_and_passive_on_busy(monkeypat
 
 
 def test_wait_policy_choice_is_recorded_and_the_user_wins(tmp_path):
-    code = "import pipeline, json; from pipeline import env; print(json.dumps(env.tuning_record()))"
+    code = "import pipeline, json; from pipeline.core import env; print(json.dumps(env.tuning_record()))"
     base = {k: v for k, v in os.environ.items() if k not in (*env.TUNING_VARS, env.TUNED_MARK, env.LAUNCHER_MARK)}
     quiet = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                       env={**base, "OMP_NUM_THREADS": "2", "PIPELINE_OMP_WAIT": "active"},
@@ -126,7 +127,7 @@ def test_a_process_that_trains_nothing_waits_passively(tmp_path):
     # runtimes and of Lite children); the documented switch and the user's own OMP_WAIT_POLICY still win
     from pipeline.cli import _trains
 
-    code = ("import pipeline, json; from pipeline import env; env.settle_wait_policy(trains=False); "
+    code = ("import pipeline, json; from pipeline.core import env; env.settle_wait_policy(trains=False); "
             "print(json.dumps(env.tuning_record()))")
     base = {k: v for k, v in os.environ.items() if k not in (*env.TUNING_VARS, env.TUNED_MARK, env.LAUNCHER_MARK)}
 
@@ -143,7 +144,7 @@ def test_a_process_that_trains_nothing_waits_passively(tmp_path):
 
 
 def test_lr_scaling_is_explicit():
-    from pipeline.train_loop import effective_lr
+    from pipeline.training.loop import effective_lr
 
     assert effective_lr(tiny_cfg().train)[0] == pytest.approx(0.003)
     lr, how = effective_lr(tiny_cfg("train.lr_scaling=linear", "train.lr_base_batch=16").train)
@@ -193,8 +194,8 @@ def test_same_layout_is_up_to_date_another_is_not_and_export_takes_either(two_pr
     run, _ = two_procs
     res = cli("run", "train", root=run.parent, over=["train.nproc=2"])        # same layout: skipped, no launch
     assert res.returncode == 0 and "up to date" in res.stderr and "launching" not in res.stderr, res.stderr[-2000:]
-    from pipeline.layout import plan
-    from pipeline.runner import Runner, fingerprint, registry
+    from pipeline.core.process_layout import plan
+    from pipeline.core.runner import Runner, fingerprint, registry
 
     cfg = tiny_cfg(f"run.root={run.parent}", "run.name=r", "train.nproc=1")   # another layout asked for...
     assert fingerprint(cfg, registry()["train"], {}, plan(cfg).key()) != load_manifest(run / "train")["fingerprint"]
@@ -210,9 +211,9 @@ def test_any_layout_auto_picked_satisfies_auto(two_procs, tmp_path, monkeypatch)
     available, threads set differently): same config, code and inputs, results equal within noise."""
     import shutil
 
-    from pipeline import layout as layout_mod
-    from pipeline.artifacts import write_json
-    from pipeline.runner import Runner
+    from pipeline.core import process_layout as layout_mod
+    from pipeline.core.artifacts import write_json
+    from pipeline.core.runner import Runner
 
     run = tmp_path / "r"
     shutil.copytree(two_procs[0], run)

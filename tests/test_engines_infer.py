@@ -7,11 +7,11 @@ import pytest
 
 from pipeline.engines.paddle_infer import (InferenceEngine, bf16_status, make_fp16_emulated, program_input_shape,
                                            program_ops)
-from pipeline import capabilities as caps
+from pipeline.core import capabilities as caps
 from pipeline.engines import evidence
 from pipeline.engines.perf import latency_ms, matmul_peak_gflops, program_macs, throughput
 from pipeline.engines.quant import quantizable_layers, quantize_ptq
-from pipeline.errors import ConfigError, DataError, PipelineError
+from pipeline.core.errors import ConfigError, DataError, PipelineError
 
 N_CLASSES = 36
 
@@ -112,7 +112,9 @@ def test_reference_engine_runs_the_program_unfused_and_matches_its_dygraph_load(
     ref = loaded(paddle.to_tensor(x)).numpy()
     eng = reference_engine(tiny["prefix"], threads=1)
     assert eng.settings["ir_optim"] == "reference" and eng.settings["mkldnn"]
-    assert np.abs(eng.run(x) - ref).max() < 1e-5
+    # fp32 on both sides, but in other kernel orders (AVX-512 oneDNN vs dygraph's): bound the difference by the
+    # output's own scale, not by what one CPU's kernels happen to compute (1.5e-5 on outputs of 12 on AVX-512)
+    assert np.abs(eng.run(x) - ref).max() <= 1e-5 * max(1.0, float(np.abs(ref).max()))
 
 
 def test_fp16_emulated_close_but_not_equal(tiny):

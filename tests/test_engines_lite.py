@@ -17,9 +17,9 @@ if str(ROOT) not in sys.path:  # allow bare `pytest` without an installed packag
 
 import paddle  # noqa: E402
 
-from pipeline.capabilities import host_arch  # noqa: E402
+from pipeline.core.capabilities import host_arch  # noqa: E402
 from pipeline.engines import lite, program_repair  # noqa: E402
-from pipeline.errors import DataError, EngineCrash, MissingArtifact  # noqa: E402
+from pipeline.core.errors import DataError, EngineCrash, MissingArtifact  # noqa: E402
 
 SHAPE = [-1, 1, 32, 32]
 

@@ -13,7 +13,7 @@ from pipeline.engines import registry
 from pipeline.engines.base import Engine, ShapeRouted
 from pipeline.engines.onnx_export import export_onnx
 from pipeline.engines.paddle_infer import InferenceEngine
-from pipeline.errors import DataError, EngineCrash, MissingArtifact, PipelineError
+from pipeline.core.errors import DataError, EngineCrash, MissingArtifact, PipelineError
 
 ort = pytest.importorskip("onnxruntime")
 ov_mod = pytest.importorskip("openvino")
@@ -153,7 +153,7 @@ def test_broken_inputs_fail_with_one_line(tiny, tmp_path):
 
 
 def test_gpu_providers_report_not_run_here_without_a_gpu():
-    from pipeline import env
+    from pipeline.core import env
     from pipeline.engines.ort import provider_status
 
     for p in ("cuda", "tensorrt"):

@@ -6,9 +6,9 @@ import numpy as np
 import paddle
 import pytest
 
-from pipeline.config import Tolerance
+from pipeline.core.config import Tolerance
 from pipeline.engines import amp_emulation
-from pipeline.gates import Gate, evaluate_tol, output_kind, parity_limits
+from pipeline.core.gates import Gate, evaluate_tol, output_kind, parity_limits
 from pipeline.tasks.classification import ClassificationTask
 from pipeline.tasks.detection import DetectionTask
 
@@ -77,7 +77,7 @@ def test_detection_map_with_the_same_boxes_gets_the_explaining_message():
 
 
 def test_a_gate_that_cannot_fail_for_probabilities_is_refused():
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
 
     with pytest.raises(ValueError, match="cannot fail"):
         Tolerance(metric_delta=1.0)
@@ -136,7 +136,7 @@ def test_emulation_rounds_what_the_inference_pass_runs_in_fp16(tmp_path):
 
 
 def test_verify_compares_a_probability_bundle_with_its_own_key():
-    from pipeline.verify_model import _checks
+    from pipeline.bundle.verify_model import _checks
 
     expected = np.array([[0.9, 0.1], [1e-9, 1.0 - 1e-9]], np.float32)
     out = np.array([[0.9004, 0.0996], [1e-5, 1.0 - 1e-5]], np.float32)      # log p of the 1e-9 class moved 9.2
@@ -189,7 +189,7 @@ class _RecordingConfig:
 
 def test_keep_fp32_ops_reaches_the_gpu_conversion_and_predictor(tmp_path, monkeypatch):
     from pipeline.engines import paddle_infer as pi
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     _head_program(tmp_path / "m")
     seen, cfgs = {}, []
@@ -219,7 +219,7 @@ def test_the_config_key_drives_both_fp16_paths(monkeypatch):
     """server.fp16.keep_fp32_ops -> the GPU conversion + predictor, or the CPU emulation: one set for both."""
     from types import SimpleNamespace
 
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.engines import paddle_infer as pi
     from stages import server
 
@@ -256,7 +256,7 @@ def test_served_settings_carry_the_list_and_lite_fp16_is_not_vouched_for_by_it()
     from types import SimpleNamespace
 
     from pipeline.engines.registry import profile_options
-    from pipeline.serving import precision_settings
+    from pipeline.bundle.serving_choice import precision_settings
     from stages import lite
 
     s = precision_settings("paddle-inference", "fp16", None, ["softmax"])

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.gates import FAIL, OK, Gate, evaluate, metric_check, parity_checks
+from pipeline.core.gates import FAIL, OK, Gate, evaluate, metric_check, parity_checks
 
 
 def _gate():
@@ -58,8 +58,8 @@ def test_roundtrip_dict():
 
 
 def test_allclose_rtol_scales_with_reference_and_names_keys():
-    from pipeline.config import Tolerance
-    from pipeline.gates import evaluate_tol
+    from pipeline.core.config import Tolerance
+    from pipeline.core.gates import evaluate_tol
     from pipeline.tasks.classification import ClassificationTask
 
     ref = np.array([[30.0, -2.0, 1.0], [0.5, 20.0, -3.0]], np.float32)
@@ -98,7 +98,7 @@ def test_text_agreement_for_ctc_outputs():
 
 
 def test_engine_exception_becomes_fail_row_with_evidence(tmp_path):
-    from pipeline.gates import crashed
+    from pipeline.core.gates import crashed
 
     try:
         raise RuntimeError("PreconditionNotMetError: tensor not initialized\n  [operator < cast > error]")

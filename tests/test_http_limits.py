@@ -1,4 +1,4 @@
-"""HTTP limits with real sockets (pipeline/httplimits.py): slow and oversized clients cannot hold `serve`.
+"""HTTP limits with real sockets (pipeline/serving/limits.py): slow and oversized clients cannot hold `serve`.
 
 Timeouts are set short for the test (0.5-2 s), never wall-clock minutes. The tiny model of tests/test_serve.py
 is served in a uvicorn thread (BackgroundServer); the SIGTERM test runs `python -m pipeline serve` on the
@@ -34,8 +34,9 @@ def _png(h=16, w=16) -> bytes:
 
 @pytest.fixture
 def server(tiny_model):  # noqa: F811
-    from pipeline.httplimits import HttpLimits
-    from pipeline.serve import BackgroundServer, create_app_from_model
+    from pipeline.serving.limits import HttpLimits
+    from pipeline.serving.http_common import BackgroundServer
+    from pipeline.serving.predict import create_app_from_model
 
     app = create_app_from_model(*tiny_model, max_concurrency=8, log_requests=False)
     with BackgroundServer(app, limits=HttpLimits(**LIMITS)) as srv:
@@ -138,7 +139,9 @@ def test_slow_inference_still_holds_its_slot(tiny_model):  # noqa: F811
     """Bodies complete, inference in progress: those count, and more get 429."""
     import httpx
 
-    from pipeline.serve import BackgroundServer, create_app_from_model
+    from pipeline.serving.http_common import BackgroundServer
+
+    from pipeline.serving.predict import create_app_from_model
 
     app = create_app_from_model(*tiny_model, max_concurrency=1, log_requests=False)
     run = app.state.engine.run

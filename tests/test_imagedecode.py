@@ -1,4 +1,4 @@
-"""pipeline/imagedecode.py: one decoder for every path; formats by magic bytes, every mode converted right."""
+"""pipeline/data/imagedecode.py: one decoder for every path; formats by magic bytes, every mode converted right."""
 from __future__ import annotations
 
 import io
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import imagedecode as dec
-from pipeline.errors import DataError
+from pipeline.data import imagedecode as dec
+from pipeline.core.errors import DataError
 
 GRAY = (np.arange(24 * 40).reshape(24, 40) % 251).astype(np.uint8)
 
@@ -117,7 +117,7 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_fast_path_and_general_path_agree():
-    from pipeline.preprocess import decode_image_bytes
+    from pipeline.data.preprocess import decode_image_bytes
 
     spec = {"height": 24, "width": 40, "resize": "stretch"}
     png = _encode(Image.fromarray(GRAY))
@@ -136,14 +136,14 @@ def test_image_folder_of_16bit_pngs_trains_on_the_real_pixels(tmp_path):
 
 
 def test_ocr_page_uploads_go_through_the_decoder():
-    """/ocr's request path (pipeline/ocr/service.py) on a stand-in route: the page the OCR system would get."""
+    """/ocr's request path (pipeline/serving/ocr_routes.py) on a stand-in route: the page the OCR system would get."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.responses import JSONResponse
     from fastapi.testclient import TestClient
 
-    from pipeline.ocr.service import _page_from_request
-    from pipeline.serve import base_app
+    from pipeline.serving.ocr_routes import _page_from_request
+    from pipeline.serving.http_common import base_app
 
     app = base_app("t", ThreadPoolExecutor(1), max_concurrency=2, log_requests=False)
 

@@ -5,10 +5,10 @@ import paddle
 import pytest
 from PIL import Image
 
-from pipeline.config import load_config
-from pipeline.errors import ConfigError, NonFiniteError
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError, NonFiniteError
 from pipeline.models import imported
-from pipeline.preprocess import PPOCR_PAD, fit_image, to_tensor
+from pipeline.data.preprocess import PPOCR_PAD, fit_image, to_tensor
 from pipeline.tasks.recognition import RecognitionTask, charset_of, is_probabilities
 
 from clirun import ROOT, pipeline_cli
@@ -201,14 +201,14 @@ def test_probabilities_are_detected_and_ctc_gets_them_once():
     from_logits = RecognitionTask().loss(paddle.to_tensor(logits), labels)
     from_probs = RecognitionTask({"outputs": "probabilities"}).loss(paddle.to_tensor(probs), labels)
     assert abs(float(from_logits) - float(from_probs)) < 1e-4           # no second softmax
-    from pipeline.gates import output_kind
+    from pipeline.core.gates import output_kind
     assert output_kind(RecognitionTask({"outputs": "probabilities"})) == "probabilities"
     assert output_kind(RecognitionTask()) == "logits"
 
 
 def test_elementwise_failure_with_identical_text_says_so():
-    from pipeline.config import Tolerance
-    from pipeline.gates import Gate, evaluate_tol
+    from pipeline.core.config import Tolerance
+    from pipeline.core.gates import Gate, evaluate_tol
 
     rng = np.random.default_rng(1)
     ref = rng.normal(size=(4, 6, 5)).astype(np.float32)
@@ -246,7 +246,7 @@ def test_batch_sizes_follow_the_model_size(tiny_export, v4_rec):
 
 
 def test_verify_sample_tolerance_comes_from_the_bundle():
-    from pipeline.verify_model import _checks
+    from pipeline.bundle.verify_model import _checks
 
     expected = np.zeros((2, 3), np.float32)
     out = expected + 5e-4
@@ -260,7 +260,7 @@ def test_verify_sample_tolerance_comes_from_the_bundle():
 # ------------------------------------------------------------------ the real PP-OCRv4 recognizer
 @pytest.fixture(scope="module")
 def v4_rec():
-    from pipeline import ppocr_models
+    from pipeline.ocr import ppocr_models
 
     return ppocr_models.fetch()
 
@@ -279,7 +279,9 @@ def test_v4_rec_served_at_each_lines_own_width(v4_rec):
 
     import httpx
 
-    from pipeline.serve import BackgroundServer, create_app_from_model
+    from pipeline.serving.http_common import BackgroundServer
+
+    from pipeline.serving.predict import create_app_from_model
 
     cfg = _v4_infer_cfg(v4_rec)
     body = (ROOT / "tests/data/real_images/en_rec.jpg").read_bytes()

@@ -29,7 +29,7 @@ def smoke_bundle(tmp_path_factory):
 
 
 def _samples(folder: Path):
-    from pipeline.preprocess import decode_image_bytes, to_tensor
+    from pipeline.data.preprocess import decode_image_bytes, to_tensor
 
     cfg = yaml.safe_load((folder / "infer_config.yaml").read_text())
     with np.load(folder / "samples" / "expected.npz") as z:
@@ -74,8 +74,8 @@ def test_bundle_carries_onnx_and_the_measured_recommendation(smoke_bundle):
 
 
 def test_serve_uses_the_recommended_engine_unless_overridden(smoke_bundle):
-    from pipeline.errors import ConfigError
-    from pipeline.serve import create_app
+    from pipeline.core.errors import ConfigError
+    from pipeline.serving.app import create_app
 
     folder, _ = smoke_bundle
     serving = yaml.safe_load((folder / "infer_config.yaml").read_text())["serving"]
@@ -91,7 +91,9 @@ def test_serve_uses_the_recommended_engine_unless_overridden(smoke_bundle):
 def test_tritonclient_outputs_equal_bundle_samples(smoke_bundle, engine):
     from tritonclient.utils import InferenceServerException
 
-    from pipeline.serve import BackgroundServer, create_app
+    from pipeline.serving.http_common import BackgroundServer
+
+    from pipeline.serving.app import create_app
 
     from tests.conftest import served_limit
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from clirun import pipeline_cli
-from pipeline.catalogue import for_task
-from pipeline.config import load_config
-from pipeline.regression import check_run
+from pipeline.core.catalogue import for_task
+from pipeline.core.config import load_config
+from pipeline.nightly.regression import check_run
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

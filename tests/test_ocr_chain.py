@@ -80,8 +80,8 @@ def test_verify_system_archive_and_tamper(system_run, tmp_path):
     assert "system as served lines differing" in res.stdout
     import shutil
 
-    from pipeline.errors import IntegrityError
-    from pipeline.verify import verify_or_raise
+    from pipeline.core.errors import IntegrityError
+    from pipeline.bundle.verify import verify_or_raise
     copy = tmp_path / bundle.name
     shutil.copytree(bundle, copy)
     with open(copy / "recognition" / "infer_config.yaml", "a") as f:
@@ -93,7 +93,7 @@ def test_verify_system_archive_and_tamper(system_run, tmp_path):
 def test_serve_ocr_answers_lines_with_boxes(system_run):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app
+    from pipeline.serving.app import create_app
 
     root = system_run[0]
     bundle = Path(_manifest(root, "smoke_ocr_system", "system")["info"]["bundle"])

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.composite import part_configs
-from pipeline.config import load_config
-from pipeline.errors import ConfigError
+from pipeline.core.composite import part_configs
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_part_with_the_wrong_task_or_missing_is_refused(tmp_path):
 
 
 def test_system_stage_before_the_parts_names_what_to_run(tmp_path):
-    from pipeline.runner import Runner
+    from pipeline.core.runner import Runner
 
     cfg = load_config([ROOT / "configs" / "smoke_ocr_system.yaml"], [f"run.root={tmp_path}"])
     [outcome] = Runner(cfg).run(["system"])
@@ -55,7 +55,7 @@ def test_system_stage_before_the_parts_names_what_to_run(tmp_path):
 def test_parts_run_elsewhere_in_order_and_a_failed_part_stops_the_system(tmp_path):
     """The CLI hands each part to run_part (its own process: what one model left in the heap is gone before the
     next starts); only the system stage runs in the calling process, and not after a failed part."""
-    from pipeline.composite import run_system
+    from pipeline.core.composite import run_system
 
     cfg = load_config([ROOT / "configs" / "smoke_ocr_system.yaml"], [f"run.root={tmp_path}"])
     calls = []

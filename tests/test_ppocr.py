@@ -1,6 +1,6 @@
 """PaddleOCR conventions (pipeline/ocr/ppocr.py, the PaddleOCR flow of pipeline/ocr/system.py) against RapidOCR's
 implementation of the same rules (rapidocr_onnxruntime, pinned), "###" regions, the exported-detector error, and
-cheap runs of the real PP-OCR models (pipeline/ppocr_models.py) through Paddle Inference at 1 thread."""
+cheap runs of the real PP-OCR models (pipeline/ocr/ppocr_models.py) through Paddle Inference at 1 thread."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,7 +32,7 @@ def test_det_input_matches_paddleocr_rule(h, w, limit, kind):
 
 
 def test_det_resize_never_below_32_and_rejects_unknown_type():
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
 
     assert ppocr.det_resize_shape(5, 7, 960, "max") == (32, 32)          # PaddleOCR's max(..., 32)
     assert ppocr.det_resize_shape(100, 200, 640, "resize_long") == (320, 640)
@@ -162,7 +162,7 @@ def test_label_file_marks_hash_regions(tmp_path):
 def test_exported_detector_in_db_loss_is_one_clear_error():
     import paddle
 
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
     from pipeline.ocr.db_loss import db_loss
 
     with pytest.raises(ConfigError, match=r"probability, threshold and binary maps.*\[2, 1, 32, 32\]") as exc:
@@ -175,10 +175,10 @@ def test_exported_detector_in_db_loss_is_one_clear_error():
 @pytest.fixture(scope="module")
 def real():
     from pipeline.engines.paddle_infer import InferenceEngine
-    from pipeline.errors import PipelineError
-    from pipeline.ocr.ppocr_system import read_charset
+    from pipeline.core.errors import PipelineError
+    from pipeline.tasks.ppocr_system import read_charset
     from pipeline.ocr.system import SystemSpec
-    from pipeline.ppocr_models import fetch
+    from pipeline.ocr.ppocr_models import fetch
 
     try:
         m = fetch()
@@ -226,9 +226,9 @@ def test_width_grouped_batches_read_as_one_by_one(real):
     return_word_debug.jpg: '3F1' in PaddleOCR's batch of 6, as RapidOCR reads it, '3FI' alone)."""
     import csv
 
-    from pipeline.ocr.crop import crop_quad
+    from pipeline.data.crop import crop_quad
     from pipeline.ocr.system import _line_scores, detect_page, recognize_crops
-    from pipeline.text_metrics import ctc_greedy_decode, decode_indices
+    from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices
 
     eng, spec = real
     page = _page("ch_en_num.jpg")
@@ -258,7 +258,7 @@ def test_concurrent_pages_recognised_together_read_as_alone(real):
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.ocr.service import _PageRunner
+    from pipeline.serving.ocr_routes import _PageRunner
     from pipeline.ocr.system import read_page_ppocr
 
     eng, spec = real
@@ -308,9 +308,9 @@ def test_real_upside_down_line_reads_after_the_classifier(real):
 
 
 def test_system_classifier_part_is_optional_and_checked():
-    from pipeline.composite import part_configs
-    from pipeline.config import load_config
-    from pipeline.errors import ConfigError
+    from pipeline.core.composite import part_configs
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import ConfigError
 
     base = ["configs/ppocr_v4_system.yaml"]
     assert list(part_configs(load_config(base))) == ["detection", "recognition", "classifier"]
@@ -320,8 +320,8 @@ def test_system_classifier_part_is_optional_and_checked():
 
 
 def test_text_direction_data_alternates_upright_and_upside_down(tmp_path):
-    from pipeline.config import load_config
-    from pipeline.preprocess import to_tensor
+    from pipeline.core.config import load_config
+    from pipeline.data.preprocess import to_tensor
     from pipeline.tasks import get_task
 
     cfg = load_config(["configs/ppocr_v4_cls.yaml"], ["data.num_train=4", "data.num_val=4",
@@ -336,7 +336,7 @@ def test_text_direction_data_alternates_upright_and_upside_down(tmp_path):
 
 
 def test_limit_spec_refuses_validation_pages_the_rule_would_resize():
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
     from pipeline.tasks.detection import DetectionTask
 
     task = DetectionTask({"resize": "limit", "limit_side_len": 736, "limit_type": "min", "mean": [0.5] * 3,

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pipeline.data.textlines import DEFAULT_CHARSET, load_or_render, render_lines
-from pipeline.errors import ConfigError, DataError
-from pipeline.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, edit_distance,
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.ocr.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, edit_distance,
                                    encode_labels, seq_accuracy)
 
 
@@ -167,7 +167,7 @@ def test_task_data_specs_and_geometry_check(tmp_path):
 def test_crnn_shape_and_ctc_loss_decreases(tmp_path):
     import paddle
 
-    from pipeline.preprocess import to_tensor
+    from pipeline.data.preprocess import to_tensor
     from pipeline.tasks.recognition import RecognitionTask
     paddle.seed(0)
     task = RecognitionTask()

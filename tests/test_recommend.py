@@ -1,9 +1,9 @@
 """The serving recommendation on synthetic gate rows (no engines): budget, evidence, not faster, failed, emulated."""
 import pytest
 
-from pipeline import recommend as rec
-from pipeline.config import load_config
-from pipeline.gates import FAIL, OK, SKIPPED, Check, Gate
+from pipeline.bundle import recommend as rec
+from pipeline.core.config import load_config
+from pipeline.core.gates import FAIL, OK, SKIPPED, Check, Gate
 
 
 def _rc(**over):
@@ -107,7 +107,7 @@ def test_by_throughput_and_nothing_to_compare():
 @pytest.mark.parametrize("bad", ["server.recommend.precisions=[int8]", "server.recommend.min_speedup=0.9",
                                  "server.recommend.min_agreement=1.5"])
 def test_recommend_config_is_validated(bad):
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         load_config([], [bad])

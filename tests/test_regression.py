@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
-from pipeline.errors import GateFailed, RegressionFound
-from pipeline.gates import Check, Gate, skipped
-from pipeline.history import History, print_trend
-from pipeline.ab_latency import measure
-from pipeline.regression import accept, check_run, compare, regressions, resolve_baseline, run_facts
+from pipeline.core.config import load_config
+from pipeline.core.errors import GateFailed, RegressionFound
+from pipeline.core.gates import Check, Gate, skipped
+from pipeline.nightly.history import History, print_trend
+from pipeline.nightly.ab_latency import measure
+from pipeline.nightly.regression import accept, check_run, compare, regressions, resolve_baseline, run_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["train", "export", "server", "lite", "bundle"]
@@ -131,7 +131,7 @@ def test_ab_latency_flags_only_a_real_slowdown(a_ms, b_ms, flagged):
 
 def test_ab_latency_needs_separated_spreads():
     """A median ratio over the limit whose rounds straddle 1 (noise: B faster in many rounds) is not a regression."""
-    from pipeline.ab_latency import ABResult
+    from pipeline.nightly.ab_latency import ABResult
 
     noisy = ABResult("k", ratio=1.3, ratio_p10=0.8, ratio_p90=1.9, a_ms=(0.2, 0.3, 0.5), b_ms=(0.25, 0.39, 0.6),
                      rounds=21, runs=20)

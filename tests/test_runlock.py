@@ -1,4 +1,4 @@
-"""One writer per run folder (pipeline/runlock.py), file-system errors as one line, ordinary file modes.
+"""One writer per run folder (pipeline/core/runlock.py), file-system errors as one line, ordinary file modes.
 
 Real processes hold and lose the lock (kill -9). ENOSPC at a checkpoint is simulated by making os-level
 writes fail (monkeypatch), the other read-only / full cases in the corpus use real tmpfs mounts.
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import runlock
-from pipeline.errors import RunLocked, StorageError
+from pipeline.core import runlock
+from pipeline.core.errors import RunLocked, StorageError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _holder(run_dir: Path, then: str = "time.sleep(60)") -> subprocess.Popen:
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline import runlock; "
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline.core import runlock; "
             f"runlock.acquire({str(run_dir)!r}); print('locked', flush=True); {then}")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -49,7 +49,7 @@ def test_kill_9_leaves_no_stuck_lock(tmp_path):
 
 def test_ranks_of_the_holding_run_are_not_blocked(tmp_path, monkeypatch):
     monkeypatch.delenv(runlock.ENV, raising=False)
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pipeline import runlock; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pipeline.core import runlock; "
             f"print(runlock.acquire({str(tmp_path / 'run')!r}))")
     child = lambda **env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
                                          timeout=60, env={**os.environ, **env})
@@ -73,9 +73,9 @@ def test_storage_errors_are_one_line_naming_where_and_what():
 
 def test_enospc_at_a_checkpoint_fails_the_stage_in_one_line_and_keeps_no_output(tmp_path, monkeypatch):
     """A full disk while training writes its checkpoint (simulated: the checkpoint's file writes fail)."""
-    from pipeline import checkpoint
-    from pipeline.config import load_config
-    from pipeline.runner import Runner
+    from pipeline.training import checkpoint
+    from pipeline.core.config import load_config
+    from pipeline.core.runner import Runner
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs/smoke/.work/train/ckpt"))
@@ -94,8 +94,8 @@ def test_enospc_at_a_checkpoint_fails_the_stage_in_one_line_and_keeps_no_output(
 
 
 def test_files_and_folders_get_the_modes_the_umask_gives(tmp_path):
-    from pipeline.artifacts import atomic_write_text, staged_dir
-    from pipeline.bundle import write_archive
+    from pipeline.core.artifacts import atomic_write_text, staged_dir
+    from pipeline.bundle.format import write_archive
 
     old = os.umask(0o022)
     try:

@@ -38,7 +38,7 @@ def tiny_model(tmp_path_factory):
 def client(tiny_model):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app_from_model
+    from pipeline.serving.predict import create_app_from_model
 
     app = create_app_from_model(*tiny_model, max_body=64 * 1024)
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -64,9 +64,9 @@ def test_health(client):
 
 
 def test_png_prediction_matches_the_model(client, tiny_model):
-    from pipeline.serve import outputs_of
+    from pipeline.serving.predict import outputs_of
     from pipeline.engines.paddle_infer import InferenceEngine
-    from pipeline.preprocess import to_tensor
+    from pipeline.data.preprocess import to_tensor
 
     img = _images(1)
     want = InferenceEngine(tiny_model[0], "fp32", threads=1).run(to_tensor(img, tiny_model[1]["preprocess"]))
@@ -83,7 +83,7 @@ def test_png_prediction_matches_the_model(client, tiny_model):
 
 
 def test_jpeg_and_json_inputs(client, tiny_model):
-    from pipeline.preprocess import to_tensor
+    from pipeline.data.preprocess import to_tensor
 
     r = client.post("/predict", content=_png(_images(1)[0], "JPEG"), headers={"content-type": "image/jpeg"})
     assert r.status_code == 200 and len(r.json()["predictions"]) == 1
@@ -144,7 +144,7 @@ def test_chunked_oversized_body_is_413(client):
 def test_nan_and_batch_limit(client, tiny_model):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import MAX_BATCH, create_app_from_model
+    from pipeline.serving.predict import MAX_BATCH, create_app_from_model
 
     r = client.post("/predict", content=json.dumps({"inputs": [[[float("nan")] * W] * H]}),
                     headers={"content-type": "application/json"})
@@ -156,8 +156,8 @@ def test_nan_and_batch_limit(client, tiny_model):
 
 def test_http_gate_real_uvicorn(tiny_model):
     from pipeline.engines.paddle_infer import InferenceEngine
-    from pipeline.preprocess import to_tensor
-    from pipeline.serve import http_gate
+    from pipeline.data.preprocess import to_tensor
+    from pipeline.serving.predict import http_gate
     from pipeline.tasks import get_task
 
     imgs = _images(6)
@@ -175,7 +175,7 @@ def test_http_gate_real_uvicorn(tiny_model):
 def test_serve_a_real_bundle_folder_and_archive(smoke_bundle):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app
+    from pipeline.serving.app import create_app
     from tests.conftest import served_limit
 
     folder, archive = smoke_bundle
@@ -194,8 +194,8 @@ def test_serve_a_real_bundle_folder_and_archive(smoke_bundle):
 def test_create_app_refuses_a_tampered_bundle(smoke_bundle, tmp_path):
     import shutil
 
-    from pipeline.errors import IntegrityError
-    from pipeline.serve import create_app
+    from pipeline.core.errors import IntegrityError
+    from pipeline.serving.app import create_app
 
     copy = tmp_path / smoke_bundle[0].name
     shutil.copytree(smoke_bundle[0], copy)
@@ -224,7 +224,7 @@ def _serve_log():
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda rec: seen.append(rec.getMessage())
-    log = logging.getLogger("pipeline.serve")
+    log = logging.getLogger("pipeline.serving.app")
     old = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -238,7 +238,7 @@ def _serve_log():
 def _check_request_log(tiny_model, seen, img):
     from fastapi.testclient import TestClient
 
-    from pipeline.serve import create_app_from_model
+    from pipeline.serving.predict import create_app_from_model
 
     app = create_app_from_model(*tiny_model)
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -258,7 +258,7 @@ def _check_request_log(tiny_model, seen, img):
 
 
 def test_traffic_summary_every_interval():
-    from pipeline.serve import _Traffic
+    from pipeline.serving.http_common import _Traffic
 
     with _serve_log() as seen:
         t = _Traffic(every_s=0.0)          # every request closes an interval

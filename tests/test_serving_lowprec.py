@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import capabilities as caps
-from pipeline import recommend as rec
-from pipeline.config import load_config
+from pipeline.core import capabilities as caps
+from pipeline.bundle import recommend as rec
+from pipeline.core.config import load_config
 from pipeline.engines import evidence
 
 
@@ -20,7 +20,7 @@ def _cfg(folder: Path) -> dict:
 
 
 def _samples(folder: Path, cfg: dict) -> np.ndarray:
-    from pipeline.verify_model import _samples as samples
+    from pipeline.bundle.verify_model import _samples as samples
 
     return samples(folder, cfg)
 
@@ -57,7 +57,7 @@ def test_record_explains_the_choice_either_way(smoke_chain):
 def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
     """Same rows, budget opened: every int8 row with evidence is within it (the screen reads real gates); one that
     its own row measured slower than min_speedup x its engine's fp32 is "not faster" before any ranking."""
-    from pipeline.gates import Gate
+    from pipeline.core.gates import Gate
 
     gates = [Gate.from_dict(g) for g in json.loads((smoke_chain / "server" / "manifest.json").read_text())["gates"]]
     rc = load_config([], ["server.recommend.max_metric_drop=1", "server.recommend.min_agreement=0"]).server.recommend
@@ -72,7 +72,7 @@ def test_the_smoke_rows_under_a_generous_budget(smoke_chain):
 
 @pytest.mark.slow
 def test_old_style_bundles_still_load(smoke_bundle):
-    from pipeline.serving import load_engine, serving_choice
+    from pipeline.bundle.serving_choice import load_engine, serving_choice
 
     folder, _ = smoke_bundle
     cfg = _cfg(folder)
@@ -88,7 +88,7 @@ def test_old_style_bundles_still_load(smoke_bundle):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["paddle-inference", "onnxruntime", "openvino"])
 def test_int8_rows_are_served_from_their_own_files(smoke_bundle, kind):
-    from pipeline.serving import load_engine
+    from pipeline.bundle.serving_choice import load_engine
 
     folder, _ = smoke_bundle
     cfg = _cfg(folder)
@@ -103,7 +103,7 @@ def test_int8_rows_are_served_from_their_own_files(smoke_bundle, kind):
 
 @pytest.mark.slow
 def test_bf16_without_a_bf16_cpu_serves_fp32(smoke_bundle, monkeypatch):
-    from pipeline.serving import load_engine
+    from pipeline.bundle.serving_choice import load_engine
 
     monkeypatch.setenv(caps.PROFILE_ENV, "avx2")
     folder, _ = smoke_bundle
@@ -115,7 +115,7 @@ def test_bf16_without_a_bf16_cpu_serves_fp32(smoke_bundle, monkeypatch):
 
 @pytest.mark.slow
 def test_verify_holds_the_served_row_to_its_own_tolerance(smoke_bundle, tmp_path):
-    from pipeline.verify_model import verify_model_folder
+    from pipeline.bundle.verify_model import verify_model_folder
 
     src, _ = smoke_bundle
     folder = tmp_path / "b"
@@ -190,7 +190,7 @@ def test_openvino_bf16_label_follows_the_runtime_model(tmp_path, monkeypatch):
 def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
     """The server stage's HTTP row on an int8 recommendation: subject, precision and tolerance are int8's."""
     from pipeline.engines import registry
-    from pipeline.reference import load_reference
+    from pipeline.tasks.reference import load_reference
     from stages.server import _http_row
 
     cfg = load_config([Path("configs/smoke.yaml")], ["server.http.max_requests=8"])
@@ -212,7 +212,7 @@ def test_bundle_manifest_and_card_say_what_is_served(smoke_bundle):
     assert {k: served[k] for k in ("engine", "precision", "row", "why")} == \
         {k: serving[k] for k in ("engine", "precision", "row", "why")}
     assert f"runs **{served['engine']} {served['precision']}**" in (folder / "MODEL_CARD.md").read_text()
-    from pipeline.serving import load_engine
+    from pipeline.bundle.serving_choice import load_engine
 
     assert (folder / serving["model"]).exists() or (folder / (serving["model"] + ".pdmodel")).exists()
     assert evidence.head(load_engine(folder, _cfg(folder)).effective_precision) in (serving["precision"], "fp32")

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import capabilities as caps
-from pipeline import checkpoint
-from pipeline.artifacts import load_manifest, verify_outputs
-from pipeline.config import load_config
+from pipeline.core import capabilities as caps
+from pipeline.training import checkpoint
+from pipeline.core.artifacts import load_manifest, verify_outputs
+from pipeline.core.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-c", "configs/smoke.yaml", "-o", "data.num_train=480", "-o", "data.num_val=64", "-o", "train.epochs=3",
@@ -195,8 +195,8 @@ def _tiny_cfg(root: Path, *extra: str):
 
 
 def test_nan_guard_stops_with_hint_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    from pipeline.errors import NonFiniteError
-    from pipeline.runner import Runner
+    from pipeline.core.errors import NonFiniteError
+    from pipeline.core.runner import Runner
     from pipeline.tasks.classification import ClassificationTask
 
     calls = {"n": 0}
@@ -227,8 +227,8 @@ def test_scaler_skipped_steps_are_counted_for_real(tmp_path, monkeypatch):
     scaled gradients at 3 steps while the loss stays finite, and check the record and the scale."""
     import paddle.amp.grad_scaler as gs
 
-    from pipeline import amp
-    from pipeline.runner import Runner
+    from pipeline.training import amp
+    from pipeline.core.runner import Runner
     from pipeline.tasks.classification import ClassificationTask
 
     real_make = amp.make_scaler
@@ -313,7 +313,7 @@ def test_empty_or_missing_data_folder(tmp_path):
 def test_label_out_of_range_names_the_model_size():
     import paddle
 
-    from pipeline.errors import DataError
+    from pipeline.core.errors import DataError
     from stages.train import check_labels, output_classes
 
     model = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(4, 3))
@@ -333,7 +333,7 @@ def test_visualdl_missing_is_a_clear_config_error(tmp_path):
 
 def test_visualdl_logging_when_enabled(tmp_path, monkeypatch):
     """VisualDL is optional (not in requirements): a stand-in module records what the trainer logs."""
-    from pipeline.runner import Runner
+    from pipeline.core.runner import Runner
 
     fake = tmp_path / "fakevdl" / "visualdl"
     fake.mkdir(parents=True)
@@ -360,7 +360,7 @@ def test_visualdl_logging_when_enabled(tmp_path, monkeypatch):
 def test_best_epoch_is_kept_not_the_last(tmp_path, monkeypatch):
     import paddle
 
-    from pipeline.runner import Runner
+    from pipeline.core.runner import Runner
     from pipeline.tasks.classification import ClassificationTask
 
     scores = iter([0.9, 0.5, 0.5])        # epoch 1 is the best; later calls (final evaluation) reuse the last

@@ -10,7 +10,7 @@ from PIL import Image
 from pipeline.data.imagefolder import load_image_folder
 from pipeline.data.labelfile import load_charset, load_label_file
 from pipeline.data.textlines import DEFAULT_CHARSET
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 
 def _png(path: Path, size: tuple[int, int] = (60, 20), value: int = 200) -> Path:

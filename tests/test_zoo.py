@@ -35,7 +35,7 @@ def hybrid(tmp_path_factory):
 
 def test_zoo_builds_every_registered_model():
     from pipeline.models.registry import BUILTIN, build_model
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
     for task, models in BUILTIN.items():
         for name in models:
             m = build_model(task, name, {}, {"num_classes": 5, "in_channels": 3, "height": 32, "width": 64,
@@ -81,7 +81,7 @@ def test_lite_repair_is_general_and_opt_accepts_it(hybrid, tmp_path):
 
 
 def test_bn_recalibrate_averages_batch_statistics():
-    from pipeline import bn
+    from pipeline.training import bn
     paddle.seed(0)
     net = paddle.nn.Sequential(paddle.nn.Conv2D(1, 4, 3), paddle.nn.BatchNorm2D(4))
     layer = bn.bn_layers(net)[0]

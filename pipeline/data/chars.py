@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from ..artifacts import atomic_write_bytes
-from ..errors import DataError
+from pipeline.core.artifacts import atomic_write_bytes
+from pipeline.core.errors import DataError
 
 CLASSES = list("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..imagedecode import image_size
-from ..errors import DataError
-from .imagefolder import read_image
-from .invoice_pages import pack_quads
-from .labelfile import read_label_lines, resolve_image
+from pipeline.data.imagedecode import image_size
+from pipeline.core.errors import DataError
+from pipeline.data.imagefolder import read_image
+from pipeline.data.invoice_pages import pack_quads
+from pipeline.data.labelfile import read_label_lines, resolve_image
 
 IGNORE_TEXTS = ("###", "*")      # PaddleOCR's don't-care transcriptions (ppocr/data/imaug/label_ops.py)
 

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-from .. import imagedecode
-from ..imagedecode import printable
-from ..errors import ConfigError, DataError
-from ..preprocess import fit_image
+from pipeline.data import imagedecode
+from pipeline.data.imagedecode import printable
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.data.preprocess import fit_image
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 ON_BAD_CHOICES = ("error", "skip")

@@ -20,9 +20,9 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..artifacts import ordinary_mode
-from ..errors import DataError
-from .textlines import DEFAULT_CHARSET, load_fonts, random_text
+from pipeline.core.artifacts import ordinary_mode
+from pipeline.core.errors import DataError
+from pipeline.data.textlines import DEFAULT_CHARSET, load_fonts, random_text
 
 RENDER_VERSION = 3
 FIELDS = ("invoice_no", "date", "amount")
@@ -117,7 +117,7 @@ def _layout(p: _Painter, r: random.Random, charset: str, max_len: int, sizes: ra
 
 def random_text_of(r: random.Random, kind: str, max_len: int, charset: str) -> str:
     """A value of one field kind, via the recognition generator (redrawn until it is that kind)."""
-    from . import textlines
+    from pipeline.data import textlines
 
     maker = {"invoice_no": textlines._invoice_no, "date": textlines._date, "amount": textlines._amount}[kind]
     for _ in range(20):        # redraw rather than cut: "5,399,610." is no amount

@@ -16,8 +16,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from ..errors import DataError
-from .imagefolder import check_on_bad, read_image
+from pipeline.core.errors import DataError
+from pipeline.data.imagefolder import check_on_bad, read_image
 
 T = TypeVar("T")
 

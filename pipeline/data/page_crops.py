@@ -1,15 +1,15 @@
 """Recognition data as the OCR system sees it: text lines cropped out of synthetic invoice pages.
 
 Each ground-truth quad of a rendered page is jittered by a few pixels (a detector's boxes are
-never exact), cut out with the system's own perspective crop (pipeline/ocr/crop.py) and fitted
+never exact), cut out with the system's own perspective crop (pipeline/data/crop.py) and fitted
 to the recogniser's input with preprocess.fit_image — exactly what happens at inference.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..preprocess import fit_image
-from .invoice_pages import load_or_render, unpack_quads
+from pipeline.data.preprocess import fit_image
+from pipeline.data.invoice_pages import load_or_render, unpack_quads
 
 
 def _jitter(quad: np.ndarray, rng: np.random.Generator, height: float) -> np.ndarray:
@@ -23,7 +23,7 @@ def _jitter(quad: np.ndarray, rng: np.random.Generator, height: float) -> np.nda
 def load_crops(n_pages: int, seed: int, page_h: int, page_w: int, height: int, width: int, max_len: int,
                fonts: list[str], charset: str, cache_dir: str | None) -> tuple[np.ndarray, list[str]]:
     """→ (uint8 [N, height, width] crops, labels) from n_pages pages; empty lines are skipped."""
-    from ..ocr.crop import crop_quad
+    from pipeline.data.crop import crop_quad
 
     pages = load_or_render(n_pages, seed, page_h, page_w, max_boxes=64, fonts=fonts, charset=charset,
                            max_len=max_len, cache_dir=cache_dir)

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from ..artifacts import ordinary_mode
-from ..errors import DataError
-from ..preprocess import fit_image
+from pipeline.core.artifacts import ordinary_mode
+from pipeline.core.errors import DataError
+from pipeline.data.preprocess import fit_image
 
 DEFAULT_CHARSET = string.digits + string.ascii_uppercase + "-.,/:"
 

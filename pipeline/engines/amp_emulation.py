@@ -35,7 +35,7 @@ from typing import Iterable
 import numpy as np
 import paddle
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 SUFFIX = {"fp16": ".fp16emu", "bf16": ".bf16emu"}
 # paddle/fluid/framework/ir/auto_mixed_precision_pass.cc SetDefaultBlacklist() (2.6): the only ops a GPU

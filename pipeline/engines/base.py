@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 
 def validate_input(x: object, want: Sequence[int], who: str = "engine") -> None:

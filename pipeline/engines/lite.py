@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import tempdirs
+from pipeline.core import tempdirs
 from pipeline.engines.base import Engine, validate_input
-from pipeline.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
+from pipeline.core.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # parent of the `pipeline` package
 RESULT_PREFIX = "LITE_CHILD_RESULT "
@@ -317,7 +317,7 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
 
     On x86, ARM and quantized .nb files run without error but output garbage (STACK.md).
     """
-    from pipeline.capabilities import host_arch
+    from pipeline.core.capabilities import host_arch
     return precision == "fp32" and target == host_arch()
 
 

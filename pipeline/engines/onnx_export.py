@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import EngineCrash, MissingArtifact
+from pipeline.core.errors import EngineCrash, MissingArtifact
 
 OPSET = 13          # the lowest opset asked for; converts both built-in models (ORT/OpenVINO agree to ~1e-5)
 REPO_ROOT = Path(__file__).resolve().parents[2]

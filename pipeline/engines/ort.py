@@ -16,7 +16,7 @@ from typing import Collection
 import numpy as np
 
 from pipeline.engines.base import Engine
-from pipeline.errors import ConfigError, MissingArtifact, PipelineError
+from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 _INT8_KERNELS = {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd",
@@ -35,7 +35,7 @@ def provider_status(provider: str) -> tuple[bool, str]:
     if name not in avail:
         return False, f"not run here: {name} is not in this onnxruntime build ({', '.join(avail)})"
     if provider != "cpu":
-        from pipeline import env
+        from pipeline.core import env
 
         if not env.capabilities()["gpu"]:
             return False, f"not run here: {name} is built in but no GPU is visible"

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.engines.base import Engine
 from pipeline.engines.evidence import not_applied
-from pipeline.errors import ConfigError, MissingArtifact, PipelineError
+from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 
 _COMPUTE_OPS = {"Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul", "RNNSeq", "RNNCell"}
@@ -97,7 +97,7 @@ class OpenVinoEngine(Engine):
 def bf16_status() -> tuple[bool, str]:
     """(True, why) when the CPU reports bf16 (avx512_bf16/amx_bf16); elsewhere OpenVINO silently runs f32.
     Under a simulated profile the row runs and the runtime model's precisions decide the label."""
-    from pipeline import capabilities
+    from pipeline.core import capabilities
 
     native = sorted(capabilities.cpu_flags() & capabilities.BF16_FLAGS)
     if not native:

@@ -15,14 +15,14 @@ import paddle
 from paddle import inference as pinf
 from paddle.base.proto import framework_pb2
 
-from pipeline import capabilities
+from pipeline.core import capabilities
 from pipeline.engines import evidence
 from pipeline.engines.base import Engine
 from pipeline.engines.program import feed_name as _feed_name
 from pipeline.engines.program import files as _files
 from pipeline.engines.program import program_desc as _program_desc
 from pipeline.engines.program import program_input_shape, program_ops  # noqa: F401  (re-exported)
-from pipeline.errors import ConfigError, MissingArtifact, PipelineError
+from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 _FP16_EMU_SUFFIX = ".fp16emu"       # amp_emulation.SUFFIX
@@ -73,7 +73,7 @@ def reference_outputs(model_prefix, x: np.ndarray) -> np.ndarray:
     """An imported program's fp32 outputs on x (reference_engine, all cores), in batches whose activations stay
     within 1 GB: its reference (train) and its load check (export)."""
     from pipeline.engines.perf import batch_for
-    from pipeline.env import cpu_count
+    from pipeline.core.env import cpu_count
 
     engine = reference_engine(model_prefix, threads=cpu_count())
     return engine.run_batched(x, batch_for(model_prefix, list(x[:1].shape), 1024, 16))

@@ -13,7 +13,7 @@ import paddle
 from paddle import inference as pinf
 
 from pipeline.engines.program import program_desc as _program_desc
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.core.errors import ConfigError, PipelineError
 
 RunFn = Callable[[np.ndarray], object]
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import DataError, MissingArtifact, PipelineError
+from pipeline.core.errors import DataError, MissingArtifact, PipelineError
 
 FEED_FETCH = frozenset({"feed", "fetch"})
 

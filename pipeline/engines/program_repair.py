@@ -23,7 +23,7 @@ from typing import Any
 from pipeline.engines.program import FEED_FETCH as _FEED_FETCH
 from pipeline.engines.program import parse as _load
 from pipeline.engines.program import pb as _pb
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 
 def list_ops(pdmodel: str | os.PathLike) -> list[str]:
@@ -174,7 +174,7 @@ def _restore_outputs(pb: Any, prog: Any, bi: int, op: Any) -> list[str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    from pipeline.artifacts import atomic_write_bytes
+    from pipeline.core.artifacts import atomic_write_bytes
     atomic_write_bytes(path, data)
 
 

@@ -20,7 +20,7 @@ from pipeline.engines.program import feed_name as _feed_name
 from pipeline.engines.program import files as _files
 from pipeline.engines.program import program_desc as _program_desc
 from pipeline.engines.program import program_input_shape
-from pipeline.errors import ConfigError, DataError, PipelineError
+from pipeline.core.errors import ConfigError, DataError, PipelineError
 
 ALGOS = ("hist", "avg", "mse", "abs_max", "KL")  # min_max inserts no quant ops in PaddleSlim 2.6
 DEFAULT_OP_TYPES = ("conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2")

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from pipeline.engines.base import Engine, ShapeRouted
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 KINDS = ("paddle-inference", "onnxruntime", "openvino")
 
@@ -33,7 +33,7 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     """model: a Paddle prefix for paddle-inference; an .onnx (or OpenVINO .xml) file otherwise.
     batch: a batch size the instance will always see (OpenVINO compiles it statically).
     spin=False: ONNX Runtime's pool threads sleep between calls (for servers). Paddle's OpenMP threads are
-    not switched here: they follow OMP_WAIT_POLICY, chosen per process by pipeline/env.py."""
+    not switched here: they follow OMP_WAIT_POLICY, chosen per process by pipeline/core/env.py."""
     if kind == "paddle-inference":
         from pipeline.engines.paddle_infer import InferenceEngine
 

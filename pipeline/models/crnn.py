@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import paddle
 from paddle import nn
 
-from ..errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _conv_bn_relu(cin: int, cout: int, kernel: tuple[int, int] | int = 3,

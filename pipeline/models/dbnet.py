@@ -13,7 +13,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from ..errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _cbr(cin: int, cout: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:

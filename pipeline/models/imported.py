@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 SUFFIXES = (".pdmodel", ".pdiparams")
 
@@ -65,7 +65,7 @@ def inference_yml(prefix: Path) -> dict | None:
 
 def check_input(prefix: Path, spec: dict, task: str) -> list[int]:
     """The program's one feed must be [N, C, H, W] with the configured channels (and H, W where fixed)."""
-    from ..engines.paddle_infer import program_input_shape, program_io
+    from pipeline.engines.paddle_infer import program_input_shape, program_io
 
     feeds, fetches = program_io(prefix)
     if len(feeds) != 1 or len(fetches) != 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
-from .layers import ConvBNAct, DepthwiseSeparable
+from pipeline.models.layers import ConvBNAct, DepthwiseSeparable
 
 # (cin, cout, stride, kernel, SE) per block, PP-LCNet's layout at a fraction of its width
 _BLOCKS = ((16, 32, 1, 3, False), (32, 32, 2, 3, False), (32, 64, 2, 3, False),

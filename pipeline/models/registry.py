@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from ..errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _vision(name: str):

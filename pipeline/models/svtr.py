@@ -13,7 +13,7 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
-from .layers import ConvBNAct, DepthwiseSeparable, TransformerBlock
+from pipeline.models.layers import ConvBNAct, DepthwiseSeparable, TransformerBlock
 
 
 class SVTRNeck(nn.Layer):

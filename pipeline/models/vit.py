@@ -5,8 +5,8 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
-from ..errors import ConfigError
-from .layers import TransformerBlock
+from pipeline.core.errors import ConfigError
+from pipeline.models.layers import TransformerBlock
 
 
 class ViT(nn.Layer):

@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ..errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 EPS = 1e-6
 

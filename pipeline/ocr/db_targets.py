@@ -76,6 +76,6 @@ def make_targets(quads: np.ndarray, height: int, width: int, shrink_ratio: float
 
 def batch_targets(packed: np.ndarray, height: int, width: int, **kw) -> np.ndarray:
     """Packed labels [N, B, 4, 2] (-1 padded) → [N, 4, H, W]."""
-    from ..data.invoice_pages import unpack_with_ignore
+    from pipeline.data.invoice_pages import unpack_with_ignore
 
     return np.stack([make_targets(q, height, width, ignore=ign, **kw) for q, ign in unpack_with_ignore(packed)])

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..preprocess import fit_image, to_tensor
-from . import ppocr
+from pipeline.data.preprocess import fit_image, to_tensor
+from pipeline.ocr import ppocr
 
 
 def decode_page(data: bytes, max_pixels: int | None = None) -> np.ndarray:
     """PNG/JPEG/... bytes → uint8 [H, W, 3] BGR through the one decoder (pipeline/imagedecode: transparency on
     white, 16-bit scaled, EXIF orientation); over max_pixels: ImageTooLarge, unreadable: DataError."""
-    from ..imagedecode import decode
+    from pipeline.data.imagedecode import decode
 
     return decode(data, mode="BGR", max_pixels=max_pixels, what="page")
 

@@ -16,7 +16,7 @@ import math
 import cv2
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -101,7 +101,7 @@ def batch_width(crops: list[np.ndarray], idx: np.ndarray, height: int, base_widt
 
 def page_from_pil(img) -> np.ndarray:
     """A decoded PIL image → uint8 [H, W, 3] BGR, converted as pipeline/imagedecode does (transparency on white)."""
-    from ..imagedecode import to_mode
+    from pipeline.data.imagedecode import to_mode
 
     return np.ascontiguousarray(np.asarray(to_mode(img, "RGB"))[..., ::-1])
 

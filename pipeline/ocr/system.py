@@ -18,12 +18,12 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..errors import NonFiniteError
-from ..preprocess import fit_image, to_tensor
-from ..text_metrics import ctc_greedy_decode, decode_indices
-from . import ppocr
-from .crop import crop_quad
-from .db_post import DBParams, boxes_from_map, detect_batch
+from pipeline.core.errors import NonFiniteError
+from pipeline.data.preprocess import fit_image, to_tensor
+from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices
+from pipeline.ocr import ppocr
+from pipeline.data.crop import crop_quad
+from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 
 # PaddleOCR's tools/infer defaults (utility.py): rec_batch_num 6, cls_batch_num 6, cls_thresh 0.9, drop_score 0.5
 # RapidOCR's page steps (ppocr.prepare_page) are off unless configured

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.invoice_pages import FIELDS
-from .det_metric import match
+from pipeline.data.invoice_pages import FIELDS
+from pipeline.ocr.det_metric import match
 
 
 def _quads(lines: list[dict]) -> np.ndarray:

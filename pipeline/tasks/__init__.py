@@ -5,16 +5,16 @@ from __future__ import annotations
 def get_task(name: str, post: dict | None = None):
     """`post`: the task's post-processing parameters (config section or infer_config's postprocess)."""
     if name == "classification":
-        from .classification import ClassificationTask
+        from pipeline.tasks.classification import ClassificationTask
         return ClassificationTask(post)
     if name == "recognition":
-        from .recognition import RecognitionTask
+        from pipeline.tasks.recognition import RecognitionTask
         return RecognitionTask(post)
     if name == "detection":
-        from .detection import DetectionTask
+        from pipeline.tasks.detection import DetectionTask
         return DetectionTask(post)
     if name == "text_direction":
-        from .text_direction import TextDirectionTask
+        from pipeline.tasks.text_direction import TextDirectionTask
         return TextDirectionTask(post)
-    from ..errors import ConfigError
+    from pipeline.core.errors import ConfigError
     raise ConfigError(f"unknown task '{name}'", hint="task: classification | recognition | detection | text_direction")

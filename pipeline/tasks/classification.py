@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data import chars
-from ..errors import ConfigError, DataError
-from .base import Datasets, Split, has_labels, unlabelled
+from pipeline.data import chars
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.tasks.base import Datasets, Split, has_labels, unlabelled
 
 
 class ClassificationTask:
@@ -29,7 +29,7 @@ class ClassificationTask:
             return Datasets(Split(*tr), Split(*va), {**info, "labels": chars.CLASSES})
         if data_cfg["source"] == "images":
             return self._unlabelled(data_cfg, info)
-        from ..data.imagefolder import load_image_folder
+        from pipeline.data.imagefolder import load_image_folder
         if not data_cfg["path"]:
             raise ConfigError("data.source is 'folder' but data.path is empty", hint="set data.path=/path/to/images")
         images, labels, names, skipped = load_image_folder(data_cfg["path"], h, w, data_cfg["on_bad_sample"])
@@ -47,7 +47,7 @@ class ClassificationTask:
     def _unlabelled(self, data_cfg: dict, info: dict) -> Datasets:
         """data.source=images: a folder of images without classes, for validating an imported model (parity
         gates need no labels); the same images calibrate INT8 unless data.val_path names a second folder."""
-        from ..data.imagefolder import load_unlabelled
+        from pipeline.data.imagefolder import load_unlabelled
 
         if not data_cfg["path"]:
             raise ConfigError("data.source is 'images' but data.path is empty", hint="set data.path=/path/to/images")
@@ -59,7 +59,7 @@ class ClassificationTask:
                         {**info, "labels": []})
 
     def build_model(self, model_cfg: dict, info: dict):
-        from ..models.registry import build_model
+        from pipeline.models.registry import build_model
         h, w = info.get("height", 32), info.get("width", 32)
         return build_model(self.name, model_cfg["name"], dict(model_cfg["args"] or {}),
                            {"num_classes": len(info["labels"]), "in_channels": info.get("channels", 1),

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
-from ..ocr.db_post import DBParams, detect_batch
-from ..ocr.det_metric import detection_scores
-from .base import Datasets, Split
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.ocr.db_post import DBParams, detect_batch
+from pipeline.ocr.det_metric import detection_scores
+from pipeline.tasks.base import Datasets, Split
 
 PRE_KEYS = ("resize", "limit_side_len", "limit_type", "mean", "std")
 
@@ -25,7 +25,7 @@ class DetectionTask:
     primary_metric = "hmean"
     labels_are_classes = False        # quads, not class ids: the trainer's label-range check does not apply
     output_layout = "[N, 1, H, W]"    # probability map (eval); rank checked with one forward pass before training
-    outputs = "probabilities"         # a sigmoid map: gates compare probabilities (pipeline/gates.py parity_limits)
+    outputs = "probabilities"         # a sigmoid map: gates compare probabilities (pipeline/core/gates.py parity_limits)
 
     def __init__(self, post: dict | None = None):
         post = dict(post or {})
@@ -43,7 +43,7 @@ class DetectionTask:
                               hint="e.g. data.height=320 data.width=320")
         skipped = [0, 0]
         if cfg["source"] == "synthetic":
-            from ..data.invoice_pages import load_or_render
+            from pipeline.data.invoice_pages import load_or_render
 
             common = dict(height=h, width=w, max_boxes=max_boxes, fonts=list(cfg.get("fonts") or []),
                           cache_dir=cfg.get("cache_dir"), max_len=int(cfg["max_len"]), charset=self._charset(cfg))
@@ -51,7 +51,7 @@ class DetectionTask:
             va = load_or_render(int(cfg["num_val"]), seed + 1, **common)
             train, val = (tr["images"], tr["quads"]), (va["images"], va["quads"])
         elif cfg["source"] == "folder":
-            from ..data.det_labels import load_det_label_file
+            from pipeline.data.det_labels import load_det_label_file
 
             if not cfg.get("path"):
                 raise ConfigError("data.source is 'folder' but data.path (the detection label file) is empty")
@@ -74,8 +74,8 @@ class DetectionTask:
 
     @staticmethod
     def _charset(cfg: dict) -> str:
-        from ..data.labelfile import load_charset
-        from ..data.textlines import DEFAULT_CHARSET
+        from pipeline.data.labelfile import load_charset
+        from pipeline.data.textlines import DEFAULT_CHARSET
 
         return load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
 
@@ -83,7 +83,7 @@ class DetectionTask:
     def build_model(self, model_cfg: dict, info: dict):
         name, args = model_cfg.get("name"), dict(model_cfg.get("args") or {})
         if name == "dbnet":
-            from ..models.dbnet import DBNet
+            from pipeline.models.dbnet import DBNet
 
             args.setdefault("in_channels", int(info.get("channels", 1)))
             try:
@@ -92,15 +92,15 @@ class DetectionTask:
                 raise ConfigError(f"bad model.args for dbnet: {exc}",
                                   hint="valid: in_channels, channels, neck, head, k") from None
         if isinstance(name, str) and ":" in name:
-            from ..models.registry import build_user_model
+            from pipeline.models.registry import build_user_model
             return build_user_model(name, args, {})
         raise ConfigError(f"model.name {name!r} is not a detection model",
                           hint="use model.name: dbnet, or 'package.module:callable' (train: [N,3,H,W] P/T/B maps, "
                                "eval: [N,1,H,W] probabilities)")
 
     def loss(self, maps, labels):
-        from ..ocr.db_loss import db_loss
-        from ..ocr.db_targets import batch_targets
+        from pipeline.ocr.db_loss import db_loss
+        from pipeline.ocr.db_targets import batch_targets
 
         h, w = maps.shape[-2], maps.shape[-1]
         targets = batch_targets(labels.numpy(), h, w, shrink_ratio=self.shrink_ratio)
@@ -111,7 +111,7 @@ class DetectionTask:
         return detect_batch(outputs, self.params, out_sizes)
 
     def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-        from ..data.invoice_pages import unpack_with_ignore
+        from pipeline.data.invoice_pages import unpack_with_ignore
 
         preds = [q for q, _ in self.boxes(outputs)]
         gts = unpack_with_ignore(labels)
@@ -150,7 +150,7 @@ class DetectionTask:
 def _check_limit_size(h: int, w: int, limit: int, kind: str) -> None:
     """The gated validation pages are arrays of one size: the limit rule must keep that size, or HTTP /predict
     and the system (which apply the rule to each page) would feed the model another input than the gates."""
-    from ..ocr.ppocr import det_resize_shape
+    from pipeline.ocr.ppocr import det_resize_shape
 
     got = det_resize_shape(h, w, limit, kind)
     if got != (h, w):

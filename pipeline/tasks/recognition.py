@@ -4,7 +4,7 @@ Data: synthetic invoice lines (pipeline/data/textlines.py), a user's PaddleOCR l
 (pipeline/data/labelfile.py) or a folder of unlabelled line images. Labels are int64 [N, max_len],
 class = charset index + 1, padded with -1; class 0 is the CTC blank. Outputs are logits [N, T, num_classes],
 or probabilities (PaddleOCR's exported recognizers end in softmax): the loss then works on log-probabilities
-(see `log_probs`) and the gates compare probabilities (pipeline/gates.py parity_limits).
+(see `log_probs`) and the gates compare probabilities (pipeline/core/gates.py parity_limits).
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from ..data.labelfile import load_charset, load_label_file
-from ..data.textlines import DEFAULT_CHARSET, load_or_render
-from ..errors import ConfigError, DataError
-from ..text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
+from pipeline.data.labelfile import load_charset, load_label_file
+from pipeline.data.textlines import DEFAULT_CHARSET, load_or_render
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.ocr.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
                             seq_accuracy)
-from .base import Datasets, Split, has_labels, unlabelled
+from pipeline.tasks.base import Datasets, Split, has_labels, unlabelled
 
 _SOURCES = ("synthetic", "folder", "pages", "images")
 # CTC on probabilities takes log(max(p, floor)): a class below the floor is out of the race either way
@@ -98,7 +98,7 @@ def _unlabelled_lines(cfg: dict, charset: str) -> Datasets:
     """data.source=images: line images without text. Parity gates need no labels; metric gates say so.
     Nothing is trained on them: the same images serve as INT8 calibration set unless data.val_path names
     a second folder for validation."""
-    from ..data.imagefolder import load_unlabelled
+    from pipeline.data.imagefolder import load_unlabelled
 
     if not cfg.get("path"):
         raise ConfigError("data.source is 'images' but data.path (a folder of line images) is empty",
@@ -134,7 +134,7 @@ class RecognitionTask:
             train = load_or_render(int(cfg["num_train"]), seed, **common)
             val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
         elif source == "pages":          # crops of synthetic invoice pages: what the OCR system feeds
-            from ..data.page_crops import load_crops
+            from pipeline.data.page_crops import load_crops
 
             page = int(cfg.get("page_size", 320))
             common = dict(page_h=page, page_w=page, height=height, width=width, max_len=max_len,
@@ -178,7 +178,7 @@ class RecognitionTask:
 
     # ------------------------------------------------------------------ model
     def build_model(self, model_cfg: dict, info: dict):
-        from ..models.registry import build_model   # lazy: data-only users need not import paddle
+        from pipeline.models.registry import build_model   # lazy: data-only users need not import paddle
 
         # a user's "package.module:callable" must return logits [N, T, num_classes]; T comes from
         # the model (check_output_shape), not from an assumed downsampling factor

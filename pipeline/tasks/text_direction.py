@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
-from .base import Datasets, Split
-from .classification import ClassificationTask
+from pipeline.core.errors import ConfigError
+from pipeline.tasks.base import Datasets, Split
+from pipeline.tasks.classification import ClassificationTask
 
 LABELS = ["0", "180"]           # PaddleOCR's label_list
 
@@ -24,7 +24,7 @@ class TextDirectionTask(ClassificationTask):
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         if data_cfg["source"] != "synthetic":
             return super().load_data(data_cfg, seed)
-        from ..data.textlines import DEFAULT_CHARSET, load_or_render
+        from pipeline.data.textlines import DEFAULT_CHARSET, load_or_render
 
         common = dict(height=int(data_cfg["height"]), width=int(data_cfg["width"]), max_len=int(data_cfg["max_len"]),
                       fonts=list(data_cfg.get("fonts") or []), cache_dir=data_cfg.get("cache_dir"),

@@ -1,0 +1,219 @@
+"""The bundle format: what a deployable bundle holds and how to check it without the training config.
+
+    <name>/
+      server/fp32/inference.pdmodel|.pdiparams   Paddle Inference FP32 (the reference)
+      server/int8/..., server/fp16/...           when made (fp16 only from a GPU build)
+      mobile/<target>_<precision>.nb             Paddle Lite (arm fp32/int8, x86 fp32)
+      infer_config.yaml                          input spec, preprocessing, labels/charset, post-processing
+      samples/NNN.png + samples/expected.npz     sample inputs and the FP32 model's outputs for them
+      MODEL_CARD.md, report.html
+      manifest.json                              sha256/size of every file, versions, gates (written last)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path
+
+import yaml
+
+from pipeline.core.artifacts import ordinary_mode, read_json, replace_dir, sha256_file
+from pipeline.bundle.layout import INFER_CONFIG, MANIFEST
+from pipeline.core.errors import IntegrityError, MissingArtifact
+
+FORMAT_VERSION = 1
+
+
+
+def write_sample_pngs(folder: Path, images, name_format: str) -> list[str]:
+    """Each uint8 image as <folder>/<name_format.format(i)> (PNG, atomic) → the names written."""
+    from pipeline.core.artifacts import atomic_write_bytes
+    from pipeline.data.preprocess import png_bytes
+
+    names = [name_format.format(i) for i in range(len(images))]
+    for name, img in zip(names, images):
+        atomic_write_bytes(folder / name, png_bytes(img))
+    return names
+
+def inside_bundle(folder: Path, rel, where: str) -> Path:
+    """folder/rel, refusing any path a manifest could use to reach outside the bundle (absolute, '..',
+    a symlink anywhere on the way): verify must never read, hash or load a file it does not ship."""
+    if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or os.path.isabs(rel) \
+            or ".." in Path(rel).parts or "\\" in rel or ":" in Path(rel).parts[0]:
+        raise IntegrityError(f"{where} lists '{rel}', a path outside the bundle",
+                             hint="bundle paths are relative and stay inside the bundle; rebuild it with `make deploy`")
+    p = folder / rel
+    cur = folder
+    for part in Path(rel).parts:
+        cur = cur / part
+        if cur.is_symlink():
+            raise IntegrityError(f"{where} lists '{rel}', which goes through a symlink ({cur.relative_to(folder)})",
+                                 hint="bundles hold regular files only; re-copy it without links")
+    return p
+
+
+def verify_hashes(folder: Path) -> dict:
+    """Check every file listed in manifest.json (and that nothing unlisted hides model code). Returns manifest."""
+    from pipeline.bundle.signing import SIGNATURE
+
+    folder = Path(folder)
+    man_path = folder / MANIFEST
+    if man_path.is_symlink() or not man_path.is_file():
+        raise MissingArtifact(f"{folder} is not a bundle: {MANIFEST} is missing",
+                              hint="pass a folder made by `make deploy` (see bundles/) or its .tar.gz")
+    try:
+        manifest = read_json(man_path)
+        files = manifest["files"]
+        metas = [(rel, int(meta["bytes"]), str(meta["sha256"])) for rel, meta in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise IntegrityError(f"{man_path} is not a valid bundle manifest",
+                             hint="it needs a 'files' mapping of path -> {sha256, bytes}; rebuild with `make deploy`") from None
+    for rel, _size, _digest in metas:          # every path first: nothing outside is even stat'ed
+        inside_bundle(folder, rel, MANIFEST)
+    for rel, size, digest in metas:
+        p = folder / rel
+        if not p.is_file():
+            raise IntegrityError(f"bundle file missing: {rel}", hint="the bundle is incomplete; rebuild or re-copy it")
+        if p.stat().st_size != size or sha256_file(p) != digest:
+            raise IntegrityError(f"bundle file modified: {rel} (sha256 mismatch)",
+                                 hint="the bundle was tampered with or corrupted in transit")
+    listed = set(files) | {MANIFEST, SIGNATURE}
+    links = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink()]
+    if links:
+        raise IntegrityError(f"bundle holds symlinks: {', '.join(sorted(links)[:5])}",
+                             hint="bundles hold regular files only; re-copy it without links")
+    extra = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    unlisted = sorted(set(extra) - listed)
+    if unlisted:
+        raise IntegrityError(f"bundle holds files not in its manifest: {', '.join(unlisted[:5])}",
+                             hint="remove them, or rebuild the bundle with `make deploy`")
+    return manifest
+
+
+def load_infer_config(folder: Path) -> dict:
+    path = Path(folder) / INFER_CONFIG
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise IntegrityError(f"{path} is unreadable ({type(exc).__name__})", hint="rebuild the bundle with `make deploy`") from None
+    # an OCR system bundle names its two model bundles instead (pipeline/bundle/system.py)
+    required = ("task", "detection", "recognition") if isinstance(cfg, dict) and cfg.get("task") == "ocr_system" \
+        else ("task", "input", "preprocess", "postprocess")
+    missing = [k for k in required if not isinstance(cfg, dict) or k not in cfg]
+    if missing:
+        raise IntegrityError(f"{path} lacks {', '.join(missing)}", hint="rebuild the bundle with `make deploy`")
+    return cfg
+
+
+MAX_ARCHIVE_BYTES = 512 << 20     # defaults of verify.max_archive_bytes / verify.max_members
+MAX_MEMBERS = 10_000
+
+
+UNSAFE_HINT = "nothing was extracted; bundles made by `make deploy` hold plain files and folders only"
+
+
+def _check_member(m: tarfile.TarInfo, archive: Path) -> None:
+    name = m.name
+    parts = Path(name).parts
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or ".." in parts:
+        raise IntegrityError(f"unsafe archive member '{name}' in {archive}: path escapes the bundle", hint=UNSAFE_HINT)
+    if m.issym() or m.islnk():
+        raise IntegrityError(f"unsafe archive member '{name}' in {archive}: links are not allowed", hint=UNSAFE_HINT)
+    if not (m.isfile() or m.isdir()):
+        raise IntegrityError(f"unsafe archive member '{name}' in {archive}: device/special file", hint=UNSAFE_HINT)
+
+
+def _headers(tf: tarfile.TarFile, archive: Path, max_bytes: int, max_members: int) -> list[tarfile.TarInfo]:
+    """Every member header, checked one by one as it is read: an oversized member or a flood of members
+    is refused at its header, before its data is decompressed or anything is written."""
+    members, total = [], 0
+    while True:
+        try:
+            m = tf.next()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise IntegrityError(f"{archive} is damaged ({str(exc).splitlines()[0] if str(exc) else exc!r})",
+                                 hint="re-copy the .tar.gz or rebuild the bundle") from None
+        if m is None:
+            return members
+        _check_member(m, archive)
+        members.append(m)
+        total += m.size
+        if len(members) > max_members:
+            raise IntegrityError(f"{archive} has more than {max_members} members (limit verify.max_members)",
+                                 hint="not a bundle made by this pipeline; raise verify.max_members only if you trust it")
+        if total > max_bytes:
+            raise IntegrityError(f"{archive} unpacks to more than {max_bytes:,} bytes ('{m.name}' alone is "
+                                 f"{m.size:,}; limit verify.max_archive_bytes)",
+                                 hint="not extracted; raise verify.max_archive_bytes only if you trust the archive")
+
+
+def safe_extract(archive: Path, dest: Path, max_bytes: int = MAX_ARCHIVE_BYTES, max_members: int = MAX_MEMBERS) -> Path:
+    """Extract a .tar.gz refusing absolute paths, '..', links, device files, and archives over the size or
+    member-count limit (both read from the headers first); returns the bundle root."""
+    archive, dest = Path(archive), Path(dest)
+    try:
+        tf = tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise IntegrityError(f"{archive} is not a readable tar archive ({str(exc).splitlines()[0] if str(exc) else exc!r})",
+                             hint="pass a bundle folder or the .tar.gz that `make deploy` wrote") from None
+    with tf:
+        members = _headers(tf, archive, max_bytes, max_members)
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            for m in members:
+                target = dest / m.name
+                if m.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tf.extractfile(m)
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.chmod(target, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise IntegrityError(f"{archive} is damaged ({exc})", hint="re-copy the .tar.gz or rebuild the bundle") from None
+    roots = {Path(m.name).parts[0] for m in members if Path(m.name).parts}
+    if len(roots) == 1 and (dest / next(iter(roots))).is_dir():
+        return dest / next(iter(roots))
+    return dest
+
+
+def write_archive(folder: Path, archive: Path) -> None:
+    """tar.gz of folder under its own name; regular files and dirs only, written atomically."""
+    fd, tmp = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".tmp")
+    ordinary_mode(fd)
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:gz") as tf:
+            tf.add(folder, arcname=folder.name, recursive=True)
+        os.replace(tmp, archive)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_bundle(path: Path, scratch: Path, max_bytes: int = MAX_ARCHIVE_BYTES, max_members: int = MAX_MEMBERS) -> Path:
+    """A bundle folder, or a .tar.gz extracted safely into scratch."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return safe_extract(path, scratch, max_bytes, max_members)
+    raise MissingArtifact(f"bundle not found: {path}", hint="pass a bundle folder or .tar.gz (see bundles/)")
+
+
+def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
+    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out_dir / name, tmp)
+    replace_dir(tmp, root / name)
+    if archive:
+        tmp_tar = root / f".tmp-{name}.tar.gz"
+        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
+        tmp_tar.replace(root / f"{name}.tar.gz")

@@ -1,0 +1,178 @@
+"""The OCR system bundle: two verified model bundles plus the system's own config, samples and gates.
+
+    <name>/
+      detection/   the detection run's bundle, unchanged (own manifest, infer_config with DB parameters)
+      recognition/ the recognition run's bundle, unchanged (charset, CTC decoding)
+      classifier/  optional: the 0/180 text-direction classifier's bundle
+      infer_config.yaml   task: ocr_system, sub-bundle folders, field keys, flow settings, serving engine,
+                          verify tolerance
+      samples/page_NNN.png, samples/expected.json   sample pages and the fp32 chain's lines
+      MODEL_CARD.md, manifest.json   (sha256 of every file, sub-bundles included; every gate)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bundle.format import load_infer_config, verify_hashes
+from pipeline.data.imagedecode import decode_file
+from pipeline.core.errors import IntegrityError, MissingArtifact
+from pipeline.core.gates import Check
+from pipeline.ocr.system import SystemSpec, read_pages
+from pipeline.ocr.system_metrics import agreement
+
+VERIFY_MAX_DISAGREEMENT = 0.05     # share of sample lines an engine may read differently from the bundle's record
+
+
+def sub_bundle(folder: Path, cfg: dict, role: str) -> Path:
+    """The model bundle folder a system bundle names for `role`: a plain sub-folder, nothing else."""
+    name = cfg.get(role)
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise IntegrityError(f"{folder}/infer_config.yaml: {role} must name a sub-folder of the bundle, got {name!r}",
+                             hint="rebuild the bundle with `make deploy CONFIG=configs/ocr_system.yaml`")
+    if not (Path(folder) / name / "infer_config.yaml").is_file():
+        raise IntegrityError(f"{folder}/{name} is not a model bundle (no infer_config.yaml)")
+    return Path(folder) / name
+
+
+def roles_of(cfg: dict) -> tuple[str, ...]:
+    """The model bundles a system bundle holds, in flow order of the engines (det, rec[, cls])."""
+    return ("detection", "recognition") + (("classifier",) if cfg.get("classifier") else ())
+
+
+def spec_of(folder: Path) -> tuple[SystemSpec, dict, dict]:
+    folder = Path(folder)
+    cfg = load_infer_config(folder)
+    det = load_infer_config(sub_bundle(folder, cfg, "detection"))
+    rec = load_infer_config(sub_bundle(folder, cfg, "recognition"))
+    cls = load_infer_config(sub_bundle(folder, cfg, "classifier")) if cfg.get("classifier") else None
+    return SystemSpec.from_infer_configs(det, rec, cls, cfg.get("flow")), det, rec
+
+
+def engine_set(make, subs: dict[str, Path]) -> tuple:
+    """(det, rec, cls or None): make(role, sub-bundle folder) for every part the system has."""
+    return (make("detection", subs["detection"]), make("recognition", subs["recognition"]),
+            make("classifier", subs["classifier"]) if "classifier" in subs else None)
+
+
+def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
+    return {r: sub_bundle(folder, cfg, r) for r in roles_of(cfg)}
+
+
+def part_serving(sub: Path) -> dict:
+    """What a model bundle serves by its own recommendation: {"engine", "precision", "model"} (pipeline/bundle/serving_choice.py)."""
+    from pipeline.bundle.layout import serving_model
+    from pipeline.bundle.serving_choice import serving_choice
+
+    kind, prec, _ = serving_choice(load_infer_config(sub))
+    return {"engine": kind, "precision": prec, "model": serving_model(kind, prec)}
+
+
+def served_engine(sub: Path, threads: int, kind: str = "auto"):
+    """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision (per batch
+    profile, as `serve` loads it); an engine name = that runtime on the part's fp32 model (the pre-auto behaviour).
+    ONNX Runtime's pool threads sleep between calls, as in `serve`."""
+    from pipeline.engines import registry
+    from pipeline.bundle.serving_choice import MODEL_PATHS, load_engine
+
+    if kind == "auto":
+        return load_engine(sub, load_infer_config(sub), threads=threads)
+    return registry.make(kind, sub / MODEL_PATHS[kind], "fp32", threads=threads, spin=False)
+
+
+def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
+    """(det, rec, cls or None, spec) as `/ocr` runs them: system.engine as built (auto: each part's own
+    recommendation; bundles from before `auto` name one runtime, run on each part's fp32 model)."""
+    folder = Path(folder)
+    cfg = load_infer_config(folder)
+    kind = kind or cfg.get("engine", "paddle-inference")
+    spec, _, _ = spec_of(folder)
+    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind), subs_of(folder, cfg))
+    return det, rec, cls, spec
+
+
+def paddle_engine(prefix: Path, precision: str, threads: int):
+    from pipeline.engines.paddle_infer import InferenceEngine
+
+    return InferenceEngine(prefix, precision, threads=threads)
+
+
+def lite_engine(nb: Path, input_shape: list, timeout: float):
+    from pipeline.engines.lite import LiteEngine
+
+    return LiteEngine(nb, input_shape, timeout=timeout)
+
+
+def lite_shape(sub: Path) -> list:
+    """The input shape a part's .nb is run with: its program's, dynamic dims free (PP-OCR's det and rec)."""
+    from pipeline.engines.paddle_infer import program_input_shape
+
+    return program_input_shape(sub / "server/fp32/inference")
+
+
+LITE_BATCH = 4096      # one Lite subprocess per model per call, not one per 16 pages
+
+
+def model_prefix(sub: Path, precision: str) -> Path | None:
+    """Paddle Inference model of one precision inside a model bundle (None when it holds none)."""
+    p = sub / "server" / precision / ("inference" if precision == "fp32" else "model")
+    return p if p.with_suffix(".pdmodel").is_file() else None
+
+
+def write_samples(folder: Path, pages: list[np.ndarray], lines: list[list[dict]],
+                  served: list[list[dict]] | None = None) -> list[str]:
+    """Sample pages with the fp32 chain's lines (and, when system.engine=auto serves another set, what that set read)."""
+    from pipeline.core.artifacts import atomic_write_text
+    from pipeline.bundle.format import write_sample_pngs
+
+    names = write_sample_pngs(folder, pages, "samples/page_{:03d}.png")
+    items = [{"file": n, "lines": ln, **({"served_lines": served[i]} if served else {})}
+             for i, (n, ln) in enumerate(zip(names, lines))]
+    atomic_write_text(folder / "samples" / "expected.json", json.dumps({"pages": items}, indent=1))
+    return names
+
+
+def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]], list[list[dict]]]:
+    """(pages, the fp32 chain's lines, the served set's lines: the fp32 ones in bundles that serve fp32)."""
+    expected = json.loads((folder / "samples" / "expected.json").read_text())["pages"]
+    if not expected:
+        raise MissingArtifact(f"{folder}/samples/expected.json lists no sample pages")
+    pages = []
+    for item in expected:
+        pages.append(decode_file(folder / item["file"]))
+    return pages, [item["lines"] for item in expected], [item.get("served_lines", item["lines"]) for item in expected]
+
+
+def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
+    """Hashes of everything, each model bundle's own sample checks, then the system on its sample pages."""
+    from pipeline.core.env import cpu_count
+    from pipeline.bundle.verify_model import verify_model_folder
+
+    folder = Path(folder)
+    manifest = verify_hashes(folder)
+    cfg = load_infer_config(folder)
+    checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]
+    for role in roles_of(cfg):
+        sub = verify_model_folder(sub_bundle(folder, cfg, role), timeout=timeout, threads=threads)
+        checks += [{**c, "name": f"{role}: {c['name']}"} for c in sub["checks"]]
+    spec, _, _ = spec_of(folder)
+    pages, expected, served_lines = _sample_pages(folder)
+    threads = threads or cpu_count()
+    limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
+    subs = subs_of(folder, cfg)
+    runs = {"server fp32": engine_set(lambda r, b: paddle_engine(b / "server/fp32/inference", "fp32", threads), subs)}
+    if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
+        runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
+                                           subs)
+    if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
+        runs["as served"] = engine_set(lambda r, b: served_engine(b, threads), subs)
+    for name, (det, rec, cls) in runs.items():
+        got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)
+        miss = 1.0 - agreement(got, served_lines if name == "as served" else expected)
+        checks.append(asdict(Check(f"system {name} lines differing on sample pages", miss, limit, "<=",
+                                   miss <= limit)))
+    return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
+            "ok": all(c["passed"] for c in checks)}

@@ -1,0 +1,138 @@
+"""What this host can run: CPU ISA flags (bf16, VNNI), GPU, host architecture. One module, used by the
+product (server/lite/train decisions) and by the tests (which branch on it instead of assuming a machine).
+
+Test-only override: PIPELINE_TEST_CPU_PROFILE="bf16,vnni" (comma list of PROFILES) makes this module
+*report* another machine's flags. Only the report changes: oneDNN still runs on the real CPU, so the
+product must prove a precision with evidence (pipeline/engines/evidence.py), never with these flags.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from functools import lru_cache
+
+from pipeline.core.errors import ConfigError
+
+PROFILE_ENV = "PIPELINE_TEST_CPU_PROFILE"
+CPUINFO = "/proc/cpuinfo"          # tests point this at synthetic cpuinfo files (tests/cpuinfo/)
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_AVX512_BASE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})
+
+# name -> (flags added, flags removed, gpu forced off)
+PROFILES: dict[str, tuple[frozenset, frozenset, bool]] = {
+    "avx2": (frozenset(), None, False),                # AVX2-only box: every avx512*/amx*/avx_vnni flag removed
+    "no-bf16": (frozenset(), BF16_FLAGS, False),
+    "bf16": (_AVX512_BASE | {"avx512_bf16"}, frozenset(), False),
+    "vnni": (_AVX512_BASE | {"avx512_vnni", "avx_vnni"}, frozenset(), False),
+    "no-vnni": (frozenset(), VNNI_FLAGS, False),
+    "no-gpu": (frozenset(), frozenset(), True),
+}
+
+
+def real_cpu_flags() -> frozenset[str]:
+    """The flags line of the host's cpuinfo (empty where there is none, e.g. macOS)."""
+    return _flags_of(CPUINFO)
+
+
+@lru_cache(maxsize=8)
+def _flags_of(path: str) -> frozenset[str]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):       # x86 / arm spelling
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def profile() -> list[str]:
+    """The simulated profile names (tests only); [] on a real run."""
+    names = [p.strip() for p in os.environ.get(PROFILE_ENV, "").replace("+", ",").split(",") if p.strip()]
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown:
+        raise ConfigError(f"{PROFILE_ENV}={os.environ[PROFILE_ENV]!r}: unknown profile '{unknown[0]}'",
+                          hint=f"one or more of {', '.join(PROFILES)}, comma-separated")
+    return names
+
+
+def cpu_flags() -> frozenset[str]:
+    flags = set(real_cpu_flags())
+    for name in profile():
+        add, remove, _ = PROFILES[name]
+        if remove is None:
+            flags = {f for f in flags if not f.startswith(("avx512", "amx")) and f != "avx_vnni"}
+        else:
+            flags -= remove
+        flags |= add
+    return frozenset(flags)
+
+
+def has_bf16() -> bool:
+    return bool(cpu_flags() & BF16_FLAGS)
+
+
+def has_vnni() -> bool:
+    return bool(cpu_flags() & VNNI_FLAGS)
+
+
+def simulated(flags: frozenset[str] | set[str]) -> bool:
+    """Whether any of `flags` is reported differently from the real CPU (a test profile is active)."""
+    return bool((cpu_flags() ^ real_cpu_flags()) & set(flags))
+
+
+def host_arch() -> str:
+    """'x86' | 'arm' | the raw machine name: which Lite .nb target this host can execute."""
+    machine = platform.machine().lower()
+    return {"x86_64": "x86", "amd64": "x86", "i686": "x86", "aarch64": "arm", "arm64": "arm"}.get(machine, machine)
+
+
+@lru_cache(maxsize=1)
+def _real_gpu() -> dict:
+    import paddle
+
+    cuda = paddle.device.is_compiled_with_cuda()
+    gpu = cuda and paddle.device.cuda.device_count() > 0
+    caps = {"cuda_build": cuda, "gpu": gpu, "gpu_name": None, "compute_capability": None,
+            "fp16": False, "bf16": False}
+    if gpu:
+        props = paddle.device.cuda.get_device_properties(0)
+        caps.update(gpu_name=props.name, compute_capability=f"{props.major}.{props.minor}",
+                    fp16=props.major >= 7 and paddle.amp.is_float16_supported(),
+                    bf16=paddle.amp.is_bfloat16_supported())
+    return caps
+
+
+def gpu() -> dict:
+    """GPU facts from Paddle (imported lazily); a 'no-gpu' profile reports none."""
+    if any(PROFILES[n][2] for n in profile()):
+        return {"cuda_build": _real_gpu()["cuda_build"], "gpu": False, "gpu_name": None,
+                "compute_capability": None, "fp16": False, "bf16": False}
+    return dict(_real_gpu())
+
+
+def bf16_cpu_status() -> tuple[bool, str]:
+    """(True, why) when the CPU reports native bf16 and Paddle's oneDNN can use it.
+
+    Under a simulated bf16 profile Paddle's own hardware check is skipped (it would veto the
+    simulation); the evidence check after the run then shows what oneDNN really did."""
+    native = sorted(cpu_flags() & BF16_FLAGS)
+    if not native:
+        return False, "CPU lacks avx512_bf16/amx_bf16; oneDNN would silently run FP32"
+    import paddle
+
+    if not paddle.base.core.is_compiled_with_mkldnn():
+        return False, "this Paddle build has no oneDNN (MKLDNN); bf16 kernels unavailable"
+    if simulated(BF16_FLAGS):
+        return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); evidence decides the label"
+    if not paddle.base.core.supports_bfloat16():
+        return False, f"CPU has {'/'.join(native)} but Paddle reports bf16 unsupported"
+    return True, f"CPU has {'/'.join(native)} and Paddle supports bf16"
+
+
+def describe() -> dict:
+    """For manifests: what the product believed about the host, and whether that was simulated."""
+    flags = cpu_flags()
+    return {"arch": host_arch(), "bf16": sorted(flags & BF16_FLAGS), "vnni": sorted(flags & VNNI_FLAGS),
+            "avx512": any(f.startswith("avx512") for f in flags), "profile": profile() or None}

@@ -1,0 +1,255 @@
+"""Gates: NaN/Inf first, then elementwise parity and metric delta against a reference.
+
+Observed values are recorded on pass *and* fail (Model Navigator style); a failing gate is
+never a warning — the runner turns it into a non-zero exit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pipeline.core.errors import ConfigError
+
+OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
+# produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
+UNVERIFIED = "UNVERIFIED"
+
+
+@dataclass
+class Check:
+    name: str                   # "finite" | "max_abs_diff" | "<metric>_delta" | "<metric>"
+    observed: float | None
+    limit: float | None
+    op: str = "<="              # observed op limit must hold
+    passed: bool = True
+    key: str = ""               # config key(s) that set the limit, e.g. "server.gates.fp16.atol/rtol"
+    detail: str = ""            # how the limit was made, e.g. "atol 0.05 + rtol 0.01 x ref scale 12.3"
+
+    def describe(self) -> str:
+        if self.name == "finite":
+            return f"non-finite values: {self.observed:g} (must be 0)"
+        sign = ">" if self.op == "<=" else "<"
+        how = f" = {self.detail}" if self.detail else ""
+        where = f" (set by {self.key})" if self.key else ""
+        return f"{self.name} {_fmt(self.observed)} {sign} limit {_fmt(self.limit)}{how}{where}"
+
+
+@dataclass
+class Gate:
+    stage: str
+    subject: str                        # what was checked, e.g. "paddle-inference fp32"
+    precision_requested: str
+    precision_effective: str
+    metric: str
+    value: float | None = None          # primary metric of the candidate
+    reference: float | None = None      # primary metric of the reference
+    checks: list[Check] = field(default_factory=list)
+    status: str = OK
+    reason: str = ""
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)   # latency, size, notes ...
+
+    @property
+    def delta(self) -> float | None:
+        if self.value is None or self.reference is None:
+            return None
+        return self.value - self.reference
+
+    def failure_line(self) -> str:
+        bad = [c for c in self.checks if not c.passed]
+        what = "; ".join(c.describe() for c in bad) or self.reason
+        if what and self.reason.startswith(what):     # the reason adds advice (BN statistics, layers to skip)
+            what = self.reason
+        return f"{self.stage}: {self.subject} ({self.precision_effective}) failed: {what}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["delta"] = self.delta
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Gate":
+        d = dict(d)
+        d.pop("delta", None)
+        d["checks"] = [Check(**c) for c in d.get("checks", [])]
+        return cls(**d)
+
+
+def skipped(stage: str, subject: str, precision: str, metric: str, reason: str) -> Gate:
+    return Gate(stage, subject, precision, "none", metric, status=SKIPPED, reason=reason)
+
+
+def unverified(gate: Gate, why: str, vouched_by: str) -> Gate:
+    """Mark a produced-but-not-executed artifact: the reason says why, and what vouches for it instead."""
+    gate.status = UNVERIFIED
+    gate.reason = f"converted, not executed ({why}); vouched for by {vouched_by}"
+    gate.extra["vouched_by"] = vouched_by
+    return gate
+
+
+def crashed(stage: str, subject: str, precision: str, metric: str, exc: BaseException, evidence_dir=None) -> Gate:
+    """A row whose engine raised: FAIL with the exception's last line; the full traceback goes to
+    <evidence_dir>/<subject>.txt (kept in <stage>.failed/ by the runner) so nothing is lost."""
+    import traceback
+    from pathlib import Path
+
+    lines = [ln.strip() for ln in str(getattr(exc, "message", "") or exc).strip().splitlines() if ln.strip()]
+    head = getattr(exc, "one_line", None)
+    why = head() if callable(head) else f"{type(exc).__name__}: {lines[-1] if lines else repr(exc)}"
+    gate = Gate(stage, subject, precision, "none", metric, status=FAIL, reason=why)
+    if evidence_dir is not None:
+        path = Path(evidence_dir) / (subject.replace(" ", "_").replace("/", "_") + ".txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        gate.extra["traceback_file"] = str(path.relative_to(Path(evidence_dir).parent))
+    return gate
+
+
+def run_row(stage: str, subject: str, precision: str, metric: str, fn, evidence_dir=None) -> Gate:
+    """The one way an engine row runs (server, Lite, system pairs, HTTP): fn() -> Gate. Any exception is this
+    row's FAIL with its traceback kept under evidence_dir (<stage>.failed/evidence/ when the stage fails); the
+    other rows still run. A row that did not execute says so itself (SKIPPED / UNVERIFIED), never OK."""
+    try:
+        return fn()
+    except Exception as exc:       # an engine's failure is the row's verdict, not the stage's crash
+        return crashed(stage, subject, precision, metric, exc, evidence_dir)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def count_nonfinite(x: np.ndarray) -> int:
+    return int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+
+
+def output_kind(task) -> str:
+    """"probabilities" when the model ends in softmax/sigmoid (the task records it), else "logits"."""
+    return getattr(task, "outputs", "logits")
+
+
+def parity_limits(kind: str, atol: float | None, rtol: float, prob_atol: float | None) -> tuple:
+    """(atol, rtol, key suffix) of the elementwise check for an output kind. Logits: atol + rtol x scale.
+    Probabilities: as they are, max|p - p_ref| <= prob_atol. Their scale is fixed (0..1); log-probabilities
+    blow up where p ~ 0 (two tiny probabilities' logs differ by anything) and a relative bound means nothing
+    near 0 or 1, so the absolute bound is the meaningful one, and the decoded output (agreement, metric) is the
+    sharp check."""
+    if kind == "probabilities":
+        return prob_atol, 0.0, "prob_atol"
+    return atol, rtol, "atol/rtol" if rtol else "atol"
+
+
+def parity_checks(candidate: np.ndarray, reference: np.ndarray, atol: float | None, rtol: float = 0.0,
+                  key: str = "", suffix: str | None = None) -> list[Check]:
+    """finite → shape → like np.allclose, per output: max|c - r| <= atol + rtol * max|r|.
+
+    rtol is relative to the reference's scale (its largest magnitude), not elementwise: near-zero
+    logits would otherwise get no tolerance at all. max_rel_diff is recorded, never gated.
+    `key` names the config prefix of the limit (e.g. "server.gates.fp16") for failure messages, `suffix`
+    the key(s) under it (default "atol" or "atol/rtol").
+    """
+    bad = count_nonfinite(candidate)
+    checks = [Check("finite", float(bad), 0.0, "<=", bad == 0)]
+    if bad:
+        return checks
+    if candidate.shape != reference.shape:
+        checks.append(Check(f"shape {list(candidate.shape)} vs {list(reference.shape)}", 1.0, 0.0, "<=", False))
+        return checks
+    ref = reference.astype(np.float64)
+    diff = np.abs(candidate.astype(np.float64) - ref)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    rel = diff / np.maximum(np.abs(ref), 1e-6)
+    limit, detail = atol, ""
+    if atol is not None and rtol:
+        limit = atol + rtol * scale
+        detail = f"atol {atol:g} + rtol {rtol:g} x reference scale {scale:.4g}"
+    suffix = suffix or ("atol/rtol" if rtol else "atol")
+    keys = f"{key}.{suffix}" if key and atol is not None else ""
+    checks.append(Check("max_abs_diff", max_abs, limit, "<=", limit is None or max_abs <= limit, keys, detail))
+    checks.append(Check("max_rel_diff", float(rel.max()) if rel.size else 0.0, None, "<=", True))
+    return checks
+
+
+def metric_check(metric: str, value: float, reference: float, max_drop: float, key: str = "",
+                 samples: int | None = None) -> Check:
+    """The candidate may lose at most `max_drop` of the primary metric (absolute, e.g. 0.01 = 1 pt).
+
+    On `samples` samples the metric moves in steps of 1/samples: a non-zero limit below one step is
+    raised to one step (else "1 %" on 64 samples would mean "no sample may change"); 0 stays exact."""
+    k = f"{key}.metric_delta" if key else ""
+    limit, detail = max_drop, ""
+    if samples and 0 < max_drop < 1.0 / samples:
+        limit = 1.0 / samples
+        detail = f"metric_delta {max_drop:g} < one sample of {samples} ({limit:.4g}): one sample allowed"
+    if not math.isfinite(value):
+        return Check(f"{metric}_drop", value, limit, "<=", False, k, detail)
+    drop = reference - value
+    # tiny epsilon: identical accuracies computed in float must not fail a 0.0 tolerance
+    return Check(f"{metric}_drop", drop, limit, "<=", drop <= limit + 1e-12, k, detail)
+
+
+def agreement_check(name: str, value: float, minimum: float | None, key: str = "", detail: str = "") -> Check:
+    """Share of samples whose task-level prediction (argmax class / decoded text) equals the reference's."""
+    k = f"{key}.min_agreement" if key and minimum is not None else ""
+    ok = minimum is None or (math.isfinite(value) and value >= minimum - 1e-12)
+    return Check(name, value, minimum, ">=", ok, k, detail)
+
+
+def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
+             value: float | None, max_drop: float, *, rtol: float = 0.0,
+             agreement=None, min_agreement: float | None = None, key: str = "", suffix: str | None = None) -> Gate:
+    """Fill gate.checks from a candidate/reference pair and decide the verdict.
+
+    agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), called with
+    the elementwise limit as the tie band; gated when min_agreement is set.
+    key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
+    """
+    gate.checks = parity_checks(candidate, reference, atol, rtol, key, suffix)
+    if gate.checks[0].passed and agreement is not None and len(gate.checks) > 2:
+        band = gate.checks[1].limit                  # atol + rtol x scale (None: strict agreement)
+        name, share, strict = agreement(candidate, reference, band)
+        ties = f"; within-tolerance ties ({band:.3g}) count as agreement" if band is not None and share != strict else ""
+        detail = f"strict {strict:.4g}{ties}"
+        gate.checks.append(agreement_check(name, float(share), min_agreement, key, detail))
+    if gate.checks[0].passed and value is not None and gate.reference is not None:
+        gate.value = value
+        gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key, len(candidate)))
+    gate.status = OK if all(c.passed for c in gate.checks) else FAIL
+    if gate.status == FAIL:
+        gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
+    return gate
+
+
+def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
+                 task=None, key: str = "") -> Gate:
+    """evaluate() with a config Tolerance and the task's agreement measure (argmax for classification, decoded
+    text for recognition, boxes for detection), with the elementwise bound of the task's output kind
+    (logits: atol/rtol; probabilities: prob_atol, see parity_limits)."""
+    agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
+    kind = output_kind(task)
+    atol, rtol, suffix = parity_limits(kind, tol.atol, getattr(tol, "rtol", 0.0), getattr(tol, "prob_atol", None))
+    if atol is None and tol.metric_delta >= 1.0 and not getattr(tol, "min_agreement", None):
+        raise ConfigError(f"{key or 'gate'}: cannot fail for a model whose outputs are {kind} ({suffix.split('/')[0]} "
+                          f"null, metric_delta >= 1 and no min_agreement)",
+                          hint=f"set {key}.{suffix.split('/')[0]}, a metric_delta below 1 or a min_agreement above 0")
+    gate.extra["compared_as"] = kind
+    evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
+             min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix)
+    return _note_same_decoding(gate)
+
+
+def _note_same_decoding(gate: Gate) -> Gate:
+    """An elementwise failure whose task-level output is identical everywhere (strict agreement 1.0) says so:
+    the numbers moved, the answers did not (decide whether the tolerance or the engine is wrong)."""
+    agree = [c for c in gate.checks if c.name.endswith("agreement")]
+    elementwise = [c for c in gate.checks if c.name == "max_abs_diff" and not c.passed]
+    strict_all = agree and agree[0].detail.split(";")[0] == "strict 1"
+    if gate.status == FAIL and elementwise and strict_all:
+        gate.reason += (f"; the decoded output ({agree[0].name}) is identical on every sample: only the elementwise "
+                        f"values differ beyond {elementwise[0].key or 'the tolerance'}")
+    return gate
