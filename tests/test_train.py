@@ -102,7 +102,7 @@ def test_metrics_jsonl_has_every_field_per_epoch(baseline):
 # time, however busy the machine, instead of racing a timed poll against a fast epoch.
 HOLD_AFTER_CHECKPOINT = """
 import sys, time
-from pipeline import checkpoint
+from pipeline.training import checkpoint
 from pipeline.tasks.classification import ClassificationTask
 ckpt, real = sys.argv.pop(1), ClassificationTask.loss
 def loss(self, logits, labels):
