@@ -8,7 +8,7 @@ import sys
 from pipeline.core import catalogue, env
 from pipeline.core.composite import PARTS, part_configs
 from pipeline.core.errors import PipelineError
-from pipeline.core.console import setup_logging
+from pipeline.core.console import set_quiet, setup_logging
 from pipeline.core.session import load, run_stages
 
 
@@ -27,6 +27,12 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                         "e.g. -O 'data.path=\"/data/my set\" model.args={a: 1, b: 2}'")
 
 
+def _output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="only warnings, errors and the final summary on the console")
+    p.add_argument("--summary-json", metavar="PATH", help="also write the summary (each stage's outcome, every gate) "
+                                                          "as JSON to PATH, for scripts")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,12 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-run stages even when up to date (env FORCE=1)")
     _config_args(run)
     _layout_args(run)
+    _output_args(run)
     run.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)   # one part of an OCR system (its own process)
     launch = sub.add_parser("launch", help="`run train` with an explicit process count (paddle.distributed.launch)")
     launch.add_argument("--nproc", type=int, default=2)
     launch.add_argument("--force", action="store_true", default=os.environ.get("FORCE") == "1")
     _config_args(launch)
     _layout_args(launch)
+    _output_args(launch)
     launch.set_defaults(func=_launch)
     show = sub.add_parser("summary", help="print the summary table of a run")
     _config_args(show)
@@ -73,7 +81,7 @@ def _run(args) -> int:
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
         env.import_paddle_quietly(trains=_trains(cfg, names))   # a launcher of ranks does not need paddle itself
-    return run_stages(cfg, names, force=args.force, layout=layout)[1]
+    return run_stages(cfg, names, force=args.force, layout=layout, summary_json=args.summary_json)[1]
 
 
 def _run_system(args, cfg) -> int:
@@ -92,7 +100,7 @@ def _run_system(args, cfg) -> int:
 
     def run_system_stages(cfg, names, force):
         env.import_paddle_quietly(trains=False)
-        return run_stages(cfg, names, force)
+        return run_stages(cfg, names, force, summary_json=args.summary_json)   # parts: the system's run writes last
     return run_system(cfg, args.stages, args.force, run_system_stages, run_part)
 
 
@@ -122,6 +130,8 @@ def _stages(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):
+        set_quiet(True)
     try:
         if getattr(args, "overrides", ""):       # before -o items: an explicit -o wins
             from pipeline.core.config import split_overrides

@@ -39,6 +39,8 @@ def register(sub, config_args) -> None:
 
     n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
     n.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
+    n.add_argument("--quiet", action="store_true", help="only warnings, errors and the final summary on the console")
+    n.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON to PATH, for scripts")
     config_args(n)
     n.set_defaults(func=_nightly)
 
@@ -170,7 +172,7 @@ def _nightly(args) -> int:
         raise ConfigError("nightly runs one model's chain; task: ocr_system joins two runs",
                           hint="run the nightly on each part's config (its detection and recognition configs)")
     import_paddle_quietly()
-    outcomes, code = run_stages(cfg, _stage_order(cfg))    # a fresh folder: nothing to skip
+    outcomes, code = run_stages(cfg, _stage_order(cfg), summary_json=args.summary_json)   # a fresh folder
     errors = {o.stage: o.error.one_line() for o in outcomes if o.error is not None}
     finished = _finish(cfg, cfg.run_dir, args.baseline, errors)   # junit/report/history even for a failed run
     return code or finished

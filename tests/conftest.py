@@ -29,6 +29,7 @@ def smoke_chain(tmp_path_factory) -> Path:
     res = subprocess.run([sys.executable, "-m", "pipeline", "run", "all", *smoke_args(base)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
+    (base / "console.txt").write_text(res.stdout + res.stderr)    # what a log reader sees (tests/test_console.py)
     return base / "runs" / "smoke"
 
 

@@ -32,7 +32,7 @@ def _hashing():
 def _key_file(key: str | Path, what: str) -> Path:
     path = Path(key)
     if not path.is_file():
-        raise ConfigError(f"{what} not found: {path}", hint="pass the PEM file of an EC key (see README: signed bundles)")
+        raise ConfigError(f"{what} not found: {path}", hint="pass the PEM file of an EC key (see docs/security.md: signed bundles)")
     return path
 
 

@@ -1,16 +1,148 @@
-"""What a person reads on the console: the `pipeline` logger's handler (one place, used by every entry point)."""
+"""What a person reads on the console (one place, used by every entry point).
+
+- Our own lines (the `pipeline` logger, progress bars, the summary table) go to `stream()`: the console.
+- While a stage runs, `native_output_to(log)` points file descriptors 1 and 2 at the run's log file, so what
+  Paddle, oneDNN, OpenVINO, NNCF, Paddle Lite and child processes print natively (C++ iostreams, glog, Python
+  libraries writing to sys.stdout/sys.stderr) lands there; Python logging cannot reach those writers.
+- On a terminal: progress bars and colours. Anywhere else (a file, a pipe, CI, cron): plain lines, no carriage
+  returns, no ANSI codes (`is_terminal()`).
+- `--quiet` (env PIPELINE_QUIET=1, inherited by child processes): warnings, errors and the summary only.
+"""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import io
 import logging
+import os
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+QUIET_ENV = "PIPELINE_QUIET"
+_capture: dict = {}          # while native output is captured: {"console": TextIO, "log": path}
+
+
+def quiet() -> bool:
+    return os.environ.get(QUIET_ENV) == "1"
+
+
+def set_quiet(on: bool) -> None:
+    if on:
+        os.environ[QUIET_ENV] = "1"     # child processes (system parts, training ranks) inherit it
+    logging.getLogger("pipeline").setLevel(logging.WARNING if quiet() else logging.INFO)
+
+
+def stream():
+    """The console: the saved original stderr while a stage's native output is captured, else sys.stderr."""
+    return _capture.get("console") or sys.stderr
+
+
+def binary_stream():
+    s = stream()
+    return getattr(s, "buffer", None) or sys.__stderr__.buffer
+
+
+def is_terminal() -> bool:
+    s = stream()
+    try:
+        return s.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def rich_console(file=None, **kwargs):
+    """A rich Console (on `file`, default the console): styled on a terminal, plain text (no ANSI codes) elsewhere."""
+    from rich.console import Console
+    file = file or stream()
+    try:
+        tty = file.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return Console(file=file, force_terminal=tty, color_system="auto" if tty else None,
+                   force_interactive=tty, **kwargs)
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """Writes to whatever the console is right now (it moves while a stage's native output is captured)."""
+
+    @property
+    def stream(self):
+        return stream()
+
+    @stream.setter
+    def stream(self, _value):
+        pass
 
 
 def setup_logging() -> None:
     # our own handler: paddle reconfigures the root logger on import
     log = logging.getLogger("pipeline")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _ConsoleHandler) for h in log.handlers):
+        for h in list(log.handlers):
+            log.removeHandler(h)
+        handler = _ConsoleHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.WARNING if quiet() else logging.INFO)
     log.propagate = False
+
+
+def _flush_all() -> None:
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            s.flush()
+    with contextlib.suppress(Exception):       # C stdio buffers (std::cout syncs with them): before fds move
+        ctypes.CDLL(None).fflush(None)
+
+
+def _real_fd(s, fd: int) -> bool:
+    try:
+        return s.fileno() == fd
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+@contextlib.contextmanager
+def native_output_to(log_path: Path, title: str = "") -> Iterator[Path]:
+    """Fds 1 and 2 -> `log_path` (appended) for the duration; our own output keeps going to the console.
+    Nested uses (a stage inside a stage's process) keep the outer capture."""
+    if _capture:
+        yield Path(_capture["log"])
+        return
+    log_path = Path(log_path)
+    with contextlib.suppress(OSError):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    _flush_all()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    # sys.stderr replaced by a Python object (pytest's capsys): it is not on fd 2, so keep writing to it
+    if _real_fd(sys.stderr, 2):
+        console = io.TextIOWrapper(os.fdopen(os.dup(saved[2]), "wb", buffering=0), encoding=sys.stderr.encoding,
+                                   errors="backslashreplace", line_buffering=True, write_through=True)
+    else:
+        console = sys.stderr
+    try:
+        log = open(log_path, "ab", buffering=0)
+    except OSError:             # a read-only or full disk: the stage itself reports it, in one line
+        for dup in saved.values():
+            os.close(dup)
+        yield log_path
+        return
+    with log:
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        log.write(f"==== {title} {stamp} (native output of Paddle, oneDNN, OpenVINO, NNCF, Lite)\n".encode())
+        for fd in (1, 2):
+            os.dup2(log.fileno(), fd)
+        _capture.update(console=console, log=str(log_path))
+        try:
+            yield log_path
+        finally:
+            _flush_all()
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            _capture.clear()
+            if console is not sys.stderr:
+                with contextlib.suppress(Exception):
+                    console.close()

@@ -99,7 +99,7 @@ def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
     """Processes where they beat threads: one process per core with one thread each on a multi-core CPU
     (3.0x over 1 process x 2 threads on a quiet 2-core box; ~1.9x in full trainings on the same box
     under heavy load, there partly because every launched rank is its own session and so its own
-    autogroup share of the CPU - see README), one per GPU; never shares of the global batch smaller
+    autogroup share of the CPU - see docs/training.md), one per GPU; never shares of the global batch smaller
     than MIN_RANK_BATCH."""
     if gpus:
         return gpus, f"train.nproc=auto: one process per GPU ({gpus} visible)"
@@ -110,7 +110,7 @@ def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
         return 1, (f"train.nproc=auto: train.batch_size {batch} does not split into >= {MIN_RANK_BATCH}-sample shares "
                    f"over {cores} processes per node; threads instead")
     return fits[0], (f"train.nproc=auto: {cores}-core CPU, data-parallel processes beat threads for Paddle CPU "
-                     f"training (measured on quiet and busy machines, see README)")
+                     f"training (measured on quiet and busy machines, see docs/training.md)")
 
 
 def is_auto(layout_record: dict | None) -> bool:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from pipeline.core import catalogue, env, resources, runlock
+from pipeline.core import catalogue, console, env, resources, runlock
 from pipeline.core.artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
                         write_json)
 from pipeline.core.config import Config, save_resolved
@@ -26,6 +26,7 @@ from pipeline.core.process_layout import is_auto
 from pipeline.core.supervise import mark_stage
 
 log = logging.getLogger("pipeline")
+NATIVE_LOG = "native.log"      # runs/<name>/log/native.log
 
 
 @dataclass
@@ -141,6 +142,10 @@ class Runner:
         self.run_dir = cfg.run_dir
         self.layout = layout          # pipeline.core.process_layout.Layout; None: planned from the config when needed
 
+    @property
+    def native_log(self) -> Path:
+        return self.run_dir / "log" / NATIVE_LOG
+
     def _layout(self):
         if self.layout is None:
             from pipeline.core.process_layout import plan
@@ -203,7 +208,9 @@ class Runner:
                 outcomes.append(Outcome(stage.name, "NOT RUN",
                                         error=MissingArtifact(f"{stage.name} not run: an input stage failed")))
                 continue
-            outcomes.append(self._run_one(stage))
+            # what Paddle, oneDNN, OpenVINO, NNCF and child processes print natively: the run's log, not the console
+            with console.native_output_to(self.native_log, stage.name):
+                outcomes.append(self._run_one(stage))
         if all(o.status in (OK, "CACHED") for o in outcomes):
             # the run-level copy describes the artifacts beside it: a failed run must not overwrite it
             # (each stage folder, and each <stage>.failed, holds the config it really ran with)

@@ -5,12 +5,14 @@ so the table stays readable in an 80-120 column terminal or CI log.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from pipeline.core.artifacts import load_manifest
+from pipeline.core.console import rich_console
 from pipeline.core.gates import Gate
 
 STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "ERROR": "bold red",
@@ -66,7 +68,7 @@ def gate_rows(run_dir: Path, stage_order: list[str], outcomes: dict[str, str]) -
 
 
 def print_summary(run_dir: Path, stage_order: list[str], outcomes: dict[str, str], console: Console | None = None):
-    console = console or Console(width=170)
+    console = console or rich_console(file=sys.stdout, width=170)   # no colour codes when not a terminal
     table = Table(title=f"run {run_dir}", header_style="bold")
     for col in ("stage", "checked", "precision", "metric", "value", "Δ vs ref", "limit", "verdict",
                 "p50 (b=1)", "time"):
@@ -99,3 +101,21 @@ def layout_line(run_dir: Path) -> str | None:
     if wait.get("why", {}).get("OMP_WAIT_POLICY"):
         text += f"; OpenMP wait {wait.get('OMP_WAIT_POLICY') or 'default'}: {wait['why']['OMP_WAIT_POLICY']}"
     return text
+
+
+def summary_record(run_dir: Path, stage_order: list[str], outcomes: list, exit_code: int) -> dict:
+    """The summary for scripts (`--summary-json PATH`): each stage's outcome and every gate as its manifest
+    records it (value, limit, verdict, effective precision, reason); the table shows the same rows."""
+    by_stage = {o.stage: o for o in outcomes}
+    stages, gates = [], []
+    for name in stage_order:
+        o = by_stage.get(name)
+        man = load_manifest(run_dir / (f"{name}.failed" if o is not None and o.status == "FAIL" else name))
+        if o is None and man is None:
+            continue
+        stages.append({"stage": name, "status": o.status if o is not None else "NOT REQUESTED",
+                       "seconds": round(o.seconds, 2) if o is not None else None,
+                       "error": o.error.one_line() if o is not None and o.error is not None else None})
+        gates += (man or {}).get("gates", []) if o is None or o.status not in ("ERROR", "NOT RUN") else []
+    return {"run_dir": str(run_dir), "ok": exit_code == 0, "exit_code": exit_code, "stages": stages,
+            "gates": gates, "layout": layout_line(run_dir)}

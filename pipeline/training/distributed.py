@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.core import console
 from pipeline.core.process_layout import world  # noqa: F401  (re-exported: stages and ranks ask here)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,8 +132,8 @@ def launch_stage(cfg, stage: str, layout, force: bool) -> dict | None:
     save_resolved(cfg, cfg_file)          # every rank reads exactly the config this parent resolved
     where = f" (this is node {layout.node_rank}, master {layout.master})" if layout.nnodes > 1 else ""
     print(f"[{stage}] launching {layout.describe()}{where} ({layout.reason}); logs: {log_dir}/workerlog.0.."
-          f"{layout.nproc - 1}, launcher: {log_dir}/launch.log", file=sys.stderr, flush=True)
-    worker0, pos, out = log_dir / "workerlog.0", 0, sys.stderr.buffer
+          f"{layout.nproc - 1}, launcher: {log_dir}/launch.log", file=console.stream(), flush=True)
+    worker0, pos, out = log_dir / "workerlog.0", 0, console.binary_stream()    # rank 0's lines: the console
     with open(log_dir / "launch.log", "wb") as launcher_log:
         proc = subprocess.Popen(_launch_cmd(layout, log_dir, cfg_file, force), stdout=launcher_log,
                                 stderr=subprocess.STDOUT, cwd=ROOT, env=_child_env(layout))
@@ -214,4 +215,4 @@ def launch(args) -> int:
 
     cfg = _load(args)                     # bad config: one line, before any process starts
     layout = plan(cfg, nproc=args.nproc, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank)
-    return run_stages(cfg, ["train"], force=args.force, layout=layout)[1]
+    return run_stages(cfg, ["train"], force=args.force, layout=layout, summary_json=args.summary_json)[1]

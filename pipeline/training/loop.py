@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.training import amp, checkpoint
-from pipeline.core import resources
+from pipeline.core import console, resources
 from pipeline.core.artifacts import atomic_write_text
 from pipeline.training.distributed import world
 from pipeline.core.errors import ConfigError, NonFiniteError
@@ -288,8 +288,10 @@ def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) ->
     paddle.seed(epoch_seed + lp.rank * 7_919_000)
     order = np.random.default_rng(epoch_seed).permutation(len(ds.train.labels))
     t0, nonfinite, scaler_skipped, losses, lr_used = time.perf_counter(), 0, 0, [], float(lp.sched.get_lr())
-    bar = tqdm(range(lp.steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}",
-               disable=lp.ctx.quiet or lp.rank != 0, leave=False, unit="batch", dynamic_ncols=True)
+    # a bar on a terminal only: in a file or CI log the epoch line below is the record (no carriage returns)
+    bar = tqdm(range(lp.steps_per_epoch), desc=f"train {epoch + 1}/{tr.epochs}", file=console.stream(),
+               disable=lp.ctx.quiet or lp.rank != 0 or console.quiet() or not console.is_terminal(),
+               leave=False, unit="batch", dynamic_ncols=True)
     heap = resources.HeapGuard()        # large models fragment the heap step by step: give it back as it grows
     for step in bar:
         gstep = epoch * lp.steps_per_epoch + step
