@@ -74,13 +74,15 @@ _HASHES: dict[tuple, str] = {}
 
 def snapshot(e: corpus.Env) -> dict[str, str]:
     """sha256 of every artifact that exists before a case: stage outputs, bundles, the signed copy.
-    (config.resolved.yaml records the latest invocation, .lock the latest writer, .work/ is scratch: not artifacts.)
+    (config.resolved.yaml records the latest invocation, .lock the latest writer, .work/ is scratch, log/ holds the
+    runs' logs (native.log is appended by every run): not artifacts.)
     A file whose inode, size and mtime are unchanged is not re-read: any rewrite changes them."""
     out = {}
     for top in (e.base / "runs" / "smoke", e.base / "bundles", e.signed):
         for p in sorted(top.rglob("*")):
             rel = p.relative_to(e.base if top != e.signed else top.parent)
-            if p.is_file() and rel.name not in ("config.resolved.yaml", ".lock") and ".work" not in rel.parts:
+            if p.is_file() and rel.name not in ("config.resolved.yaml", ".lock") and ".work" not in rel.parts \
+                    and rel.parts[:3] != ("runs", "smoke", "log"):
                 st = p.stat()
                 key = (str(p), st.st_ino, st.st_size, st.st_mtime_ns)
                 if key not in _HASHES:
@@ -318,7 +320,7 @@ def test_every_O_example_in_the_readme_parses():
 
     from pipeline.core.config import load_config, split_overrides
 
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     examples = [" ".join(m.group(2).split()) for m in re.finditer(r"\bO=([\"'])(.*?)\1", text, re.S)]
     assert len(examples) >= 3
     for ex in examples:
