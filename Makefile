@@ -23,7 +23,7 @@ ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
-        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr \
+        bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
         bench-batching
 
 setup: $(STAMP)
@@ -107,9 +107,23 @@ real-ocr: $(STAMP)
 # The system as served next to RapidOCR (same models, ONNX Runtime) on tests/data/real_images at 1 thread:
 # lines, agreement, known texts, pages/s. BUNDLE=path reads with that system bundle (default: the newest
 # bundles/ppocr_v4_system-*, else the fetched models with configs/ppocr_v4_system.yaml's settings).
-bench-ocr: $(STAMP)
+# Second peer: RapidOCR 3.10 (OpenVINO, f32 forced and as shipped) from its own venv (requirements-rapidocr3.txt:
+# its opencv-python-headless and numpy would overwrite the pipeline's), driven through a worker process.
+RAPID3_VENV := .venv-rapidocr3
+RAPID3_STAMP := $(RAPID3_VENV)/.installed
+
+rapidocr3-venv: $(RAPID3_STAMP)
+
+$(RAPID3_STAMP): requirements-rapidocr3.txt scripts/find_python.sh
+	@set -e; py="$$(scripts/find_python.sh)"; rm -rf $(RAPID3_VENV); "$$py" -m venv $(RAPID3_VENV); \
+	  echo "installing requirements-rapidocr3.txt into $(RAPID3_VENV)"; \
+	  $(RAPID3_VENV)/bin/python -m pip install --quiet -r requirements-rapidocr3.txt 2>&1 \
+	  | { grep -v "is ignored: it is neither" || true; }; touch $@
+
+bench-ocr: $(STAMP) $(RAPID3_STAMP)
 	@b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
-	  echo "$(PY) scripts/bench_ocr.py $${b:+--bundle $$b}"; $(PY) scripts/bench_ocr.py $${b:+--bundle "$$b"}
+	  echo "$(PY) scripts/bench_ocr.py $${b:+--bundle $$b} --rapid3-python $(RAPID3_VENV)/bin/python"; \
+	  $(PY) scripts/bench_ocr.py $${b:+--bundle "$$b"} --rapid3-python $(RAPID3_VENV)/bin/python
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

@@ -199,15 +199,31 @@ SERVED = "as served (system.engine=auto)"
 def _served_row(ctx, chain: _Chain, threads: int) -> Gate:
     """Each part on its own recommendation (engine and precision, as /ocr loads it), gated on its drop vs the fp32
     chain with the tolerance of the lowest precision in the set (system.gates.<int8|fp16|bf16>, else engines)."""
-    from pipeline.bundle.system import part_serving, served_engine
+    from pipeline.bundle.system import served_engine
 
-    parts = {r: part_serving(b) for r, b in chain.subs.items()}
+    parts = _parts_served(ctx.cfg.system, chain.subs)
     precs = [p["precision"] for p in parts.values()]
     key = next((p for p in ("int8", "fp16", "bf16") if p in precs), "engines")
-    log.info("[system] as served: %s", ", ".join(f"{r} {p['engine']} {p['precision']}" for r, p in parts.items()))
-    g = _pair_row(chain, SERVED, "/".join(precs), lambda r, b: served_engine(b, threads), ctx.cfg.system.gates[key])
+    for r, p in parts.items():
+        log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
+    g = _pair_row(chain, SERVED, "/".join(precs), lambda r, b: served_engine(b, threads, "auto", parts[r], r),
+                  ctx.cfg.system.gates[key])
     g.extra.update(served=parts, tolerance_key=f"system.gates.{key}")
     return g
+
+
+def _parts_served(sc, subs: dict) -> dict:
+    """role -> what the part serves and why (its recommendation as this CPU runs it, or system.pin.<role>)."""
+    from pipeline.bundle.system import part_serving
+
+    if sc.pin and sc.engine != "auto":
+        raise ConfigError(f"system.pin {dict(sc.pin)} needs system.engine: auto (it is {sc.engine!r})",
+                          hint="set system.engine=auto, or drop system.pin")
+    unknown = sorted(set(sc.pin) - set(subs))
+    if unknown:
+        raise ConfigError(f"system.pin names {unknown[0]!r}, which this system has no part for",
+                          hint=f"one of {', '.join(subs)}")
+    return {r: part_serving(b, sc.pin.get(r), r) for r, b in subs.items()}
 
 
 def _effective(det, rec) -> str:
@@ -245,7 +261,7 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
 
 def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
     from pipeline.tasks.ppocr_system import flow_of
-    from pipeline.bundle.system import part_serving
+    from pipeline.core.capabilities import describe
 
     cls = "classifier" in subs
     return {"format_version": FORMAT_VERSION, "task": "ocr_system", "detection": "detection",
@@ -254,13 +270,29 @@ def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
                         + "CTC recognition",
             "flow": flow_of(sc.model_dump()), "engine": sc.engine,
             # what /ocr serves per part (auto: each part's recommendation; else that runtime on the fp32 models)
-            "served": {r: part_serving(b) if sc.engine == "auto" else
-                       {"engine": sc.engine, "precision": "fp32"} for r, b in subs.items()},
+            # and why; measured_on: the CPU each part's rows were gated and timed on (serve re-checks its own)
+            "served": _parts_served(sc, subs) if sc.engine == "auto" else
+                      {r: {"engine": sc.engine, "precision": "fp32", "by": "system.engine",
+                           "why": f"system.engine={sc.engine}: every part's fp32 model on that runtime"} for r in subs},
+            "built_on": {"cpu": env.hardware()["cpu"], **describe()},
             "fields": keys, "verify": {"max_disagreement": 0.05},
             "metrics_on_build": {k: ref[k] for k in ("line_accuracy", "field_accuracy")}}
 
 
-def _model_card(name: str, gates: list[Gate], parts: dict) -> str:
+def _served_lines(served: dict) -> list[str]:
+    """The model card's account of what /ocr runs per part, and why."""
+    out = ["", "## Served", "", "| part | engine | precision | chosen by | why |", "|---|---|---|---|---|"]
+    for role, p in served.items():
+        why = p.get("why", "") + (f" ({p['cpu']})" if p.get("cpu") else "")
+        out.append(f"| {role} | {p['engine']} | {p['precision']} | {p.get('by', '')} | {why} |")
+    on = {r: p["measured_on"]["cpu"] for r, p in served.items() if (p.get("measured_on") or {}).get("cpu")}
+    if on:
+        out += ["", "Measured on: " + ", ".join(f"{r}: {c}" for r, c in on.items()) + ". `serve` on a CPU that runs "
+                "other bf16/int8 kernels re-ranks among the rows that passed (docs/serving_choice.md)."]
+    return out
+
+
+def _model_card(name: str, gates: list[Gate], parts: dict, served: dict | None = None) -> str:
     lines = [f"# {name}", "", "OCR system: page → DB text boxes → perspective crops → CTC recognition → lines with "
              "boxes and scores. Sub-bundles: `detection/`, `recognition/` (each with its own model card).", "",
              "## System gates", "", "| checked | precision | line accuracy | field accuracy | verdict |",
@@ -269,6 +301,7 @@ def _model_card(name: str, gates: list[Gate], parts: dict) -> str:
         la, fa = g.extra.get("line_accuracy"), g.extra.get("field_accuracy")
         lines.append(f"| {g.subject} | {g.precision_effective} | {'' if la is None else f'{la:.4f}'} | "
                      f"{'' if fa is None else f'{fa:.4f}'} | {g.status}{(': ' + g.reason) if g.reason else ''} |")
+    lines += _served_lines(served or {})
     lines += ["", "Parts: " + ", ".join(f"{r}: run `{p.run.name}`" for r, p in parts.items()), "",
               "Serve: `python -m pipeline serve <bundle>` → POST /ocr with a page image; "
               "verify: `python -m pipeline verify <bundle>`.", ""]
@@ -285,9 +318,9 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
     k = min(sc.samples, len(chain.pages["images"]))
     served = chain.row_lines.get(SERVED) if sc.engine == "auto" else None
     write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k], served[:k] if served else None)
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(_infer_config(sc, chain.subs, chain.keys, chain.ref),
-                                                              sort_keys=False, allow_unicode=True))
-    atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts))
+    icfg = _infer_config(sc, chain.subs, chain.keys, chain.ref)
+    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(icfg, sort_keys=False, allow_unicode=True))
+    atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts, icfg["served"]))
     part_gates = [g for r in chain.subs for g in ctx.input_manifests[r].get("gates", [])]
     write_json(b / "manifest.json", {
         "format_version": FORMAT_VERSION, "name": name, "version": version, "task": "ocr_system",
@@ -295,6 +328,7 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
         "files": describe_files(b, exclude=()),        # the sub-bundles' manifest.json files are hashed too
         "versions": env.versions(), "git_commit": env.git_commit(), "hardware": env.hardware(),
         "config": ctx.cfg.to_dict(), "gates": [g.to_dict() for g in gates], "part_bundle_gates": part_gates,
+        "served": icfg["served"],
         "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in chain.subs}})
 
 
@@ -366,6 +400,7 @@ STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle",
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",
-                         "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
+                         "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py", "pipeline/bundle/system.py",
+                         "pipeline/bundle/recommend.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

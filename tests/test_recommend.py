@@ -20,9 +20,11 @@ def _gate(subject, prec, eff=None, value=0.98, ref=0.98, status=OK, agree=1.0, e
     return g
 
 
-def _rank(p50: dict) -> list[dict]:
-    """registry.rank-shaped rows: batch-1 p50 (ms) per row subject; throughput 1000/p50."""
-    return [{"engine": k, "latency_ms": {"p50": v}, "throughput_sps": 1000.0 / v} for k, v in p50.items()]
+def _rank(p50: dict, session: str = "s1") -> list[dict]:
+    """registry.rank-shaped rows: batch-1 p50 (ms) per row subject; throughput 1000/p50; one interleaved session."""
+    timing = {"how": "interleaved", "session": session, "rounds": 2, "candidates": len(p50)}
+    return [{"engine": k, "latency_ms": {"p50": v}, "throughput_sps": 1000.0 / v, "timing": timing}
+            for k, v in p50.items()]
 
 
 def _verdicts(cands):
@@ -117,8 +119,9 @@ def test_a_row_not_faster_than_its_own_fp32_is_not_ranked():
     """speed_vs_fp32 (interleaved in the int8 row, vs the same engine's fp32) under min_speedup: it cannot beat the
     fastest fp32 by that much either, so screen() says "not faster" and the ranking never builds it."""
     slow, fast = _gate("paddle-inference int8", "int8"), _gate("openvino int8", "int8")
-    slow.extra["speed_vs_fp32"] = {"batch1": 0.96, "batchN": 1.4, "batch": 8}
-    fast.extra["speed_vs_fp32"] = {"batch1": 1.2, "batchN": 0.9, "batch": 8}
+    how = "interleaved, 2 rounds, same threads"
+    slow.extra["speed_vs_fp32"] = {"batch1": 0.96, "batchN": 1.4, "batch": 8, "how": how}
+    fast.extra["speed_vs_fp32"] = {"batch1": 1.2, "batchN": 0.9, "batch": 8, "how": how}
     cands = {c.row: c for c in rec.screen([_gate("openvino fp32", "fp32"), slow, fast], _rc())}
     assert cands["paddle-inference int8"].verdict == "not faster" and cands["openvino int8"].verdict == rec.CANDIDATE
     assert "0.96x (batch-1 p50" in cands["paddle-inference int8"].detail and "not ranked" in cands["paddle-inference int8"].detail
@@ -127,3 +130,45 @@ def test_a_row_not_faster_than_its_own_fp32_is_not_ranked():
         rec.why(chosen, base, list(cands.values()), _rc(), "accuracy")
     by_sps = {c.row: c.verdict for c in rec.screen([slow, fast], _rc(by="throughput"))}
     assert by_sps == {"paddle-inference int8": rec.CANDIDATE, "openvino int8": "not faster"}
+
+
+def test_the_ranker_refuses_figures_not_timed_interleaved():
+    """Issue 29: rows timed at different moments of a busy machine oversold bf16 (OpenVINO 5.4x in the rows, 1.55x
+    interleaved). choose() ranks only rows of ONE interleaved registry.rank session; a row's own speed ratio
+    counts only when it was timed interleaved."""
+    cands = lambda: rec.screen([_gate("openvino fp32", "fp32"), _gate("openvino int8", "int8")], _rc())  # noqa: E731
+    mixed = _rank({"openvino fp32": 10.0}, "a") + _rank({"openvino int8": 2.0}, "b")
+    with pytest.raises(ValueError, match="mixes 2 timing sessions"):
+        rec.choose(cands(), mixed, _rc())
+    lone = _rank({"openvino fp32": 10.0}) + [{"engine": "openvino int8", "latency_ms": {"p50": 2.0},
+                                             "throughput_sps": 500.0}]           # a figure from a row's own timing
+    with pytest.raises(ValueError, match=r"\['openvino int8'\] were not timed interleaved"):
+        rec.choose(cands(), lone, _rc())
+    assert rec.choose(cands(), _rank({"openvino fp32": 10.0, "openvino int8": 2.0}), _rc())[0].row == "openvino int8"
+    g = _gate("openvino int8", "int8")
+    g.extra["speed_vs_fp32"] = {"batch1": 0.5, "batchN": 0.5, "batch": 8}       # no "how": not interleaved
+    assert rec.screen([g], _rc())[0].verdict == rec.CANDIDATE                    # ignored: the ranking decides
+
+
+def test_registry_rank_marks_its_rows_as_one_interleaved_session():
+    import numpy as np
+
+    from pipeline.engines import registry
+    from pipeline.engines.base import Engine
+
+    class Scale(Engine):
+        kind = "scale"
+
+        def __init__(self, k):
+            super().__init__()
+            self.k, self.input_shape = k, [-1, 4]
+
+        def _run(self, x):
+            return x * self.k
+
+    x = np.ones((4, 4), np.float32)
+    rows = registry.rank({"a": Scale(1.0), "b": Scale(2.0)}, x, batch_size=4, warmup=1, repeats=4, rounds=2)
+    assert rec.interleaved_session(rows) == rows[0]["timing"]["session"]
+    again = registry.rank({"a": Scale(1.0)}, x, batch_size=4, warmup=1, repeats=2, rounds=2)
+    with pytest.raises(ValueError):
+        rec.interleaved_session(rows + again)        # two calls = two moments

@@ -108,8 +108,12 @@ def screen_row(gate: Gate, rc, samples: int | None = None) -> Candidate | None:
 
 
 def _own_fp32_ratio(c: Candidate, rc) -> float | None:
-    """fp32 time / this row's time on its own engine, in the profile server.recommend.by ranks (None: not measured)."""
-    return (c.speed_vs_fp32_in_row or {}).get("batch1" if rc.by == "latency" else "batchN")
+    """fp32 time / this row's time on its own engine, in the profile server.recommend.by ranks (None: not measured,
+    or not measured interleaved: such a ratio is ignored and the row goes to the ranking)."""
+    sp = c.speed_vs_fp32_in_row or {}
+    if not str(sp.get("how", "")).startswith("interleaved"):
+        return None
+    return sp.get("batch1" if rc.by == "latency" else "batchN")
 
 
 def _slower_than_own_fp32(c: Candidate, rc) -> None:
@@ -139,9 +143,28 @@ def _versus(c: Candidate, base: Candidate, by: str) -> str:
     return f"{c.throughput_sps:.4g} vs {base.throughput_sps:.4g} samples/s"
 
 
+def interleaved_session(ranking: list[dict]) -> str | None:
+    """The one interleaved timing session the rows were measured in (registry.rank's `timing` marker); None for
+    no rows. Rows timed at different moments cannot be ranked against each other: a mix raises ValueError."""
+    from pipeline.engines.registry import INTERLEAVED
+
+    sessions = {(r.get("timing") or {}).get("session") if (r.get("timing") or {}).get("how") == INTERLEAVED
+                else None for r in ranking}
+    if None in sessions and ranking:
+        bad = [r.get("engine") for r in ranking if (r.get("timing") or {}).get("how") != INTERLEAVED]
+        raise ValueError(f"ranking rows {bad} were not timed interleaved (registry.rank): figures taken at "
+                         "different moments are never ranked")
+    if len(sessions) > 1:
+        raise ValueError(f"ranking mixes {len(sessions)} timing sessions: rank the candidates side by side in one "
+                         "interleaved loop (registry.rank)")
+    return next(iter(sessions), None)
+
+
 def choose(cands: list[Candidate], ranking: list[dict], rc) -> tuple[Candidate, Candidate] | None:
     """(chosen, fastest fp32) from the interleaved ranking (registry.rank rows, `engine` = row subject); every
-    ranked candidate's verdict and speed-up are filled in. None when no fp32 row is left to compare with."""
+    ranked candidate's verdict and speed-up are filled in. None when no fp32 row is left to compare with.
+    A ranking whose rows were not all timed in one interleaved loop is refused (ValueError)."""
+    interleaved_session(ranking)
     measured = {r["engine"]: r for r in ranking}
     ranked = [c for c in cands if c.verdict == CANDIDATE and c.row in measured]
     for c in ranked:       # a ranking by one profile leaves the other None (registry.rank by=...)

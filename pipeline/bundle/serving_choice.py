@@ -56,28 +56,135 @@ def precision_settings(kind: str, precision: str, tuned: dict | None, keep_fp32_
     return {p: {"threads": settings[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 
-def _runnable_precision(kind: str, precision: str) -> str:
-    """bf16 where this CPU has none: Paddle refuses it, OpenVINO would silently run f32, so serve fp32 and say so."""
-    if precision != "bf16":
-        return precision
-    from pipeline.core.capabilities import bf16_cpu_status
+# The kernels a low precision runs with, strongest first (oneDNN, OpenVINO and ONNX Runtime pick the strongest the
+# CPU has). A row's gate and its interleaved timing hold for the family it ran on: bf16 on AMX tiles vs avx512_bf16
+# dot products (other speed, other accumulation order), int8 with VNNI (exact int32 dot products) vs without (u8*s8
+# pair sums saturate in int16: other numbers; issue 29: ONNX Runtime int8 0.742 on AVX2, 0.633 on VNNI).
+KERNEL_TIERS = {"bf16": (("amx_bf16", frozenset({"amx_bf16"})), ("avx512_bf16", frozenset({"avx512_bf16"}))),
+                "int8": (("amx_int8", frozenset({"amx_int8"})), ("vnni", frozenset({"avx512_vnni", "avx_vnni"})))}
+PASSED = ("chosen", "slower")      # verdicts of rows that passed every check and min_speedup (pipeline/bundle/recommend.py)
 
-    ok, why = bf16_cpu_status()
-    if not ok:
-        log.warning("the bundle recommends %s bf16, but %s: serving %s fp32", kind, why, kind)
+
+def kernel_family(precision: str, flags: frozenset | set) -> str | None:
+    """The kernel family a CPU with `flags` runs `precision` on: "fp32" for fp32 (and fp16, a GPU precision),
+    "no-vnni" for int8 without VNNI, None for bf16 without bf16 (it cannot run)."""
+    tiers = KERNEL_TIERS.get(precision)
+    if tiers is None:
+        return "fp32"
+    hit = next((name for name, need in tiers if set(flags) & need), None)
+    return hit or (None if precision == "bf16" else "no-vnni")
+
+
+def built_flags(folder: Path) -> frozenset | None:
+    """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
+    pipeline/core/capabilities.describe); None for bundles without that record."""
+    import json
+
+    try:
+        caps = json.loads((Path(folder) / "manifest.json").read_text())["hardware"]["capabilities"]
+        return frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def kernel_refusal(precision: str, built: frozenset | None, here: frozenset) -> str | None:
+    """Why this CPU must not serve a row of `precision` measured on a CPU with `built` flags (None: it may)."""
+    mine = kernel_family(precision, here)
+    if mine is None:
+        return f"this CPU lacks avx512_bf16/amx_bf16 ({precision} cannot run)"
+    if built is None or precision not in KERNEL_TIERS:
+        return None
+    theirs = kernel_family(precision, built)
+    if theirs != mine:
+        return f"gated and timed on {theirs} {precision} kernels, this CPU runs {mine} ones (never gated here)"
+    return None
+
+
+def _interleaved(rec: dict) -> bool:
+    """The record's ranking is one interleaved measurement (pipeline/engines/registry.rank's timing marker)."""
+    from pipeline.bundle.recommend import interleaved_session
+
+    try:
+        return interleaved_session(rec.get("ranking") or []) is not None
+    except ValueError:
+        return False
+
+
+def _rerank(folder: Path, rec: dict, built: frozenset | None, here: frozenset) -> dict | None:
+    """The fastest row that passed and this CPU may run, by the record's own interleaved ranking (None: none,
+    or the record's figures were not taken side by side)."""
+    if not _interleaved(rec):
+        return None
+    ok = [c for c in rec.get("candidates") or [] if c.get("verdict") in PASSED
+          and kernel_refusal(c["precision"], built, here) is None
+          and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"]))]
+    if rec.get("by") == "throughput":
+        ok = [c for c in ok if c.get("throughput_sps")]
+        return max(ok, key=lambda c: c["throughput_sps"], default=None)
+    ok = [c for c in ok if c.get("latency_ms")]
+    return min(ok, key=lambda c: c["latency_ms"], default=None)
+
+
+def runnable_choice(folder: Path, infer_cfg: dict, here: frozenset | None = None) -> dict:
+    """What a bundle serves on THIS CPU: its recommendation when this CPU runs the kernels it was gated and timed on,
+    else the fastest other row that passed (the recorded interleaved ranking), else fp32. Returns {"engine",
+    "precision", "settings", "why", "cpu"}; "cpu" says what changed, in one line (load_engine logs it)."""
+    from pipeline.core.capabilities import cpu_flags
+
+    here = cpu_flags() if here is None else here
+    rec = infer_cfg.get("serving") or {}
+    kind, prec, settings = serving_choice(infer_cfg)
+    why = rec.get("why") or ("no recommendation recorded: Paddle Inference fp32" if not rec else "recommended")
+    built = built_flags(folder)
+    refused = kernel_refusal(prec, built, here)
+    if refused is None:
+        return {"engine": kind, "precision": prec, "settings": settings, "why": why, "cpu": None}
+    alt = _rerank(folder, rec, built, here)
+    if alt is not None:
+        kind2, prec2 = alt["engine"], alt["precision"]
+        how = f"next fastest that passed, {alt.get('speedup_vs_fp32', 1.0):.2f}x fp32 in the bundle's interleaved ranking"
+    else:
+        kind2, prec2 = (rec.get("fp32") or {}).get("engine") or kind, "fp32"
+        how = "fp32 fallback (no other row passed, or the ranking was not interleaved)"
+    _, _, settings2 = serving_choice(infer_cfg, kind2, prec2)
+    note = f"the bundle recommends {kind} {prec}, but {refused}: serving {kind2} {prec2} ({how})"
+    return {"engine": kind2, "precision": prec2, "settings": settings2, "why": f"re-ranked on this CPU: {how}",
+            "cpu": note}
+
+
+def _runnable_precision(kind: str, precision: str) -> str:
+    """An explicitly asked precision this CPU cannot run (bf16 without bf16: Paddle refuses it, OpenVINO would
+    silently run f32): serve fp32 and say so."""
+    from pipeline.core.capabilities import cpu_flags
+
+    if kernel_family(precision, cpu_flags()) is None:
+        log.warning("%s %s asked for, but this CPU lacks avx512_bf16/amx_bf16: serving %s fp32", kind, precision, kind)
         return "fp32"
     return precision
 
 
 def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, threads: int = 0,
-                precision: str | None = None) -> Engine:
+                precision: str | None = None, label: str = "") -> Engine:
     """The served engine at its precision, one instance per batch profile with its measured thread count (and
-    engine options, e.g. Paddle Inference's ir_optim). threads > 0 forces that count for both profiles."""
+    engine options, e.g. Paddle Inference's ir_optim). threads > 0 forces that count for both profiles. Without
+    override/precision: the recommendation as this CPU may run it (runnable_choice). `engine.serving` records
+    what was chosen and why (GET /health shows it)."""
     from pipeline.engines import registry
     from pipeline.core.env import cpu_count
 
-    kind, prec, settings = serving_choice(infer_cfg, override, precision)
-    prec = _runnable_precision(kind, prec)
+    if override or precision:
+        kind, prec, settings = serving_choice(infer_cfg, override, precision)
+        prec = _runnable_precision(kind, prec)
+        if prec == "fp32" and precision not in (None, "fp32"):
+            settings = serving_choice(infer_cfg, kind, "fp32")[2]
+        chosen = {"engine": kind, "precision": prec, "why": "pinned: " + " ".join(p for p in (override, precision)
+                                                                                   if p), "cpu": None}
+    else:
+        chosen = runnable_choice(folder, infer_cfg)
+        kind, prec, settings = chosen.pop("engine"), chosen.pop("precision"), chosen.pop("settings")
+        chosen = {"engine": kind, "precision": prec, **chosen}
+    if chosen.get("cpu"):
+        log.warning("%s%s", f"{label}: " if label else "", chosen["cpu"])
     model = folder / bundle_layout.serving_model(kind, prec)
     if not bundle_layout.model_exists(model):
         raise MissingArtifact(f"the bundle has no {prec} model for engine {kind}: {model}",
@@ -87,5 +194,7 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
     opts = {"device": "gpu"} if kind == "paddle-inference" and prec == "fp16" else {}
     # no spinning pool threads: they busy-wait after every call on cores the event loop, the HTTP stack
     # and the clients need (measured: ORT with 2 threads burnt ~1.2 ms of CPU per OCR /predict, 2.6 vs 1.4 ms)
-    return registry.make_routed(kind, model, prec, {p: {**settings[p], "threads": min(t, cores)}
-                                                   for p, t in pick.items()}, spin=False, **opts)
+    eng = registry.make_routed(kind, model, prec, {p: {**settings[p], "threads": min(t, cores)}
+                                                  for p, t in pick.items()}, spin=False, **opts)
+    eng.serving = {**chosen, "effective_precision": eng.effective_precision}
+    return eng

@@ -62,35 +62,72 @@ def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
     return {r: sub_bundle(folder, cfg, r) for r in roles_of(cfg)}
 
 
-def part_serving(sub: Path) -> dict:
-    """What a model bundle serves by its own recommendation: {"engine", "precision", "model"} (pipeline/bundle/serving_choice.py)."""
+def measured_on(sub: Path) -> dict | None:
+    """The CPU a model bundle's rows were gated and timed on (its manifest's hardware record)."""
+    try:
+        hw = json.loads((Path(sub) / "manifest.json").read_text())["hardware"]
+    except (OSError, ValueError, KeyError):
+        return None
+    caps = hw.get("capabilities") or {}
+    return {"cpu": hw.get("cpu"), "cores": hw.get("cores"), "avx512": hw.get("avx512"),
+            "bf16": caps.get("bf16") or [], "vnni": caps.get("vnni") or []}
+
+
+def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
+    """What one part serves and why: {"engine", "precision", "model", "by", "why", "measured_on"[, "cpu",
+    "speedup_vs_fp32"]}. pin ("openvino fp32", system.pin.<role>) overrides the part's own recommendation, which
+    is otherwise taken as THIS CPU may run it (pipeline/bundle/serving_choice.runnable_choice)."""
     from pipeline.bundle.layout import serving_model
-    from pipeline.bundle.serving_choice import serving_choice
+    from pipeline.bundle.serving_choice import runnable_choice, serving_choice
 
-    kind, prec, _ = serving_choice(load_infer_config(sub))
-    return {"engine": kind, "precision": prec, "model": serving_model(kind, prec)}
+    cfg = load_infer_config(sub)
+    rec = cfg.get("serving") or {}
+    if pin:
+        kind, prec = pin.split()
+        serving_choice(cfg, kind, prec)         # a pair the bundle cannot serve fails here, with the choices
+        out = {"engine": kind, "precision": prec, "by": f"pinned (system.pin.{role})",
+               "why": f"pinned by the config (system.pin.{role}: {pin}); recommended: "
+                      f"{rec.get('engine', 'paddle-inference')} {rec.get('precision', 'fp32')}"}
+    else:
+        ch = runnable_choice(sub, cfg)
+        out = {"engine": ch["engine"], "precision": ch["precision"], "by": "recommendation", "why": ch["why"],
+               **({"cpu": ch["cpu"]} if ch["cpu"] else {})}
+        row = next((c for c in rec.get("candidates") or [] if c.get("engine") == out["engine"]
+                    and c.get("precision") == out["precision"]), {})
+        if row.get("speedup_vs_fp32") is not None:
+            out["speedup_vs_fp32"] = row["speedup_vs_fp32"]
+    return {**out, "model": serving_model(out["engine"], out["precision"]), "measured_on": measured_on(sub)}
 
 
-def served_engine(sub: Path, threads: int, kind: str = "auto"):
-    """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision (per batch
-    profile, as `serve` loads it); an engine name = that runtime on the part's fp32 model (the pre-auto behaviour).
-    ONNX Runtime's pool threads sleep between calls, as in `serve`."""
+def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None = None, role: str = ""):
+    """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision as this CPU may
+    run it (per batch profile, as `serve` loads it), or the row the system bundle pinned (part["by"] pinned); an
+    engine name = that runtime on the part's fp32 model (the pre-auto behaviour). ONNX Runtime's pool threads
+    sleep between calls, as in `serve`. engine.serving says what runs and why (GET /health)."""
     from pipeline.engines import registry
     from pipeline.bundle.serving_choice import MODEL_PATHS, load_engine
 
+    if kind == "auto" and part and str(part.get("by", "")).startswith("pinned"):
+        eng = load_engine(sub, load_infer_config(sub), part["engine"], threads, part["precision"], label=role)
+        eng.serving["why"] = part.get("why", eng.serving["why"])
+        return eng
     if kind == "auto":
-        return load_engine(sub, load_infer_config(sub), threads=threads)
-    return registry.make(kind, sub / MODEL_PATHS[kind], "fp32", threads=threads, spin=False)
+        return load_engine(sub, load_infer_config(sub), threads=threads, label=role)
+    eng = registry.make(kind, sub / MODEL_PATHS[kind], "fp32", threads=threads, spin=False)
+    eng.serving = {"engine": kind, "precision": "fp32", "why": f"system.engine={kind}: every part's fp32 model "
+                   "on that runtime", "cpu": None, "effective_precision": eng.effective_precision}
+    return eng
 
 
 def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
-    """(det, rec, cls or None, spec) as `/ocr` runs them: system.engine as built (auto: each part's own
-    recommendation; bundles from before `auto` name one runtime, run on each part's fp32 model)."""
+    """(det, rec, cls or None, spec) as `/ocr` runs them: system.engine as built (auto: each part's recommendation
+    or its pin, infer_config `served`; bundles from before `auto` name one runtime, run on each part's fp32 model)."""
     folder = Path(folder)
     cfg = load_infer_config(folder)
     kind = kind or cfg.get("engine", "paddle-inference")
+    served = cfg.get("served") or {}
     spec, _, _ = spec_of(folder)
-    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind), subs_of(folder, cfg))
+    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r), subs_of(folder, cfg))
     return det, rec, cls, spec
 
 
@@ -168,7 +205,8 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
         runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
                                            subs)
     if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
-        runs["as served"] = engine_set(lambda r, b: served_engine(b, threads), subs)
+        served = cfg.get("served") or {}
+        runs["as served"] = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)
     for name, (det, rec, cls) in runs.items():
         got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)
         miss = 1.0 - agreement(got, served_lines if name == "as served" else expected)

@@ -315,6 +315,7 @@ class SystemCfg(Section):
     classifier: Optional[str]
     classifier_overrides: list[str]
     engine: Literal["auto", "paddle-inference", "onnxruntime", "openvino"]
+    pin: dict[Literal["detection", "recognition", "classifier"], str] = {}
     rec_batch_num: int = PosInt
     cls_batch_num: int = PosInt
     max_side_len: int = Field(ge=0)
@@ -323,6 +324,17 @@ class SystemCfg(Section):
     width_height_ratio: float = NonNegFloat
     cls_thresh: float = Field(ge=0, le=1)
     drop_score: float = Field(ge=0, le=1)
+
+    @field_validator("pin")
+    @classmethod
+    def _pin_rows(cls, v: dict) -> dict:
+        # "engine precision", as the server rows are named (pipeline/bundle/recommend.SERVABLE checks the pair)
+        for role, row in v.items():
+            parts = str(row).split()
+            if len(parts) != 2 or parts[0] not in ("paddle-inference", "onnxruntime", "openvino") \
+                    or parts[1] not in ("fp32", "bf16", "int8", "fp16"):
+                raise ValueError(f"system.pin.{role}={row!r}: expected '<engine> <precision>', e.g. 'openvino fp32'")
+        return v
 
 
 class RegressionCfg(Section):

@@ -14,6 +14,7 @@ from pipeline.engines.base import Engine, ShapeRouted
 from pipeline.core.errors import ConfigError
 
 KINDS = ("paddle-inference", "onnxruntime", "openvino")
+INTERLEAVED = "interleaved"     # rank()'s rows: timed alternately in one loop, one session id per call
 
 
 def available(kind: str) -> tuple[bool, str]:
@@ -159,7 +160,12 @@ def rank(engines: dict[str, Engine], x: np.ndarray, *, batch_size: int, warmup: 
     """Side by side, interleaved: batch-1 p50 and batch-N samples/s with ratios to the best of each.
     by="latency" / "throughput": only that profile (the other is None): what a recommendation ranks on (the
     v4 det's six candidates spent ~40 s on batch-8 throughput a latency recommendation never read)."""
+    import uuid
+
     x1, xb = np.ascontiguousarray(x[:1]), batch_of(x, batch_size)
+    # every row carries the same marker: a ranker can tell rows timed side by side in this loop from figures
+    # taken at other moments (pipeline/bundle/recommend.interleaved_session refuses to mix them)
+    timing = {"how": INTERLEAVED, "session": uuid.uuid4().hex[:12], "rounds": rounds, "candidates": len(engines)}
     lat = interleaved_latency(engines, x1, warmup=warmup, repeats=repeats, rounds=rounds) \
         if by != "throughput" else {k: None for k in engines}
     sps = interleaved_throughput(engines, xb, warmup=max(1, warmup // 2), repeats=max(rounds, repeats // 5),
@@ -168,7 +174,7 @@ def rank(engines: dict[str, Engine], x: np.ndarray, *, batch_size: int, warmup: 
     best_sps = max((v for v in sps.values() if v), default=None)
     rows = [{"engine": k, "latency_ms": lat[k], "throughput_sps": sps[k], "throughput_batch": batch_size,
              "p50_vs_fastest": round(lat[k]["p50"] / best_lat, 3) if lat[k] else None,
-             "sps_vs_best": round(sps[k] / best_sps, 3) if sps[k] else None}
+             "sps_vs_best": round(sps[k] / best_sps, 3) if sps[k] else None, "timing": timing}
             for k in engines]
     if by == "throughput":
         return sorted(rows, key=lambda r: -r["throughput_sps"])

@@ -86,10 +86,14 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
 
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
 
+    # per part: the engine and precision that run, and why (recommended / pinned / re-ranked for this CPU)
+    served = {role: getattr(e, "serving", None) or {"engine": e.kind, "precision": e.effective_precision}
+              for role, e in (("detection", det), ("recognition", rec), ("classifier", cls)) if e is not None}
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": name, "task": "ocr_system", "fields": cfg.get("fields"), "engine": det.kind,
-                "batching": batching_state(runner.batching, runner.coalescer),
+                "served": served, "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
     @app.post("/ocr")
@@ -98,7 +102,8 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
         t0 = time.perf_counter()
         lines = await runner(page)
         return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
-                "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+                "inference_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                "served": {r: f"{p['engine']} {p['precision']}" for r, p in served.items()}}
 
     app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health"     # `serve` logs both
     app.state.batching = runner.batching

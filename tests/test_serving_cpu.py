@@ -1,0 +1,116 @@
+"""A bundle served on a CPU other than the one it was measured on (issue 29): a row whose precision this CPU runs
+on other kernels (or cannot run) is never served; the choice is re-ranked among the rows that passed, by the
+bundle's own interleaved ranking, or falls back to fp32, with one log line. CPUs come from tests/cpuinfo and the
+capability simulation (PIPELINE_TEST_CPU_PROFILE), never from the machine the test runs on."""
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipeline.bundle import serving_choice as sc
+from pipeline.core import capabilities as caps
+
+CPUINFO = Path(__file__).resolve().parent / "cpuinfo"
+
+
+def _flags(name: str, profile: str = "", monkeypatch=None) -> frozenset:
+    """What capabilities reports for a synthetic cpuinfo file (under an optional simulated profile)."""
+    monkeypatch.setattr(caps, "CPUINFO", str(CPUINFO / name))
+    monkeypatch.setenv(caps.PROFILE_ENV, profile)
+    return caps.cpu_flags()
+
+
+def _bundle(tmp_path: Path, built: frozenset, chosen=("openvino", "bf16"), interleaved: bool = True) -> tuple:
+    """A model bundle folder whose server stage (on a CPU with `built` flags) chose `chosen`; p50s in ms."""
+    rows = {("openvino", "bf16"): 2.0, ("onnxruntime", "int8"): 3.0, ("openvino", "fp32"): 4.0,
+            ("onnxruntime", "fp32"): 5.0}
+    base = min((r for r in rows if r[1] == "fp32"), key=rows.get)
+    cands = [{"row": f"{k} {p}", "engine": k, "precision": p, "latency_ms": ms,
+              "speedup_vs_fp32": round(rows[base] / ms, 3), "verdict": "chosen" if (k, p) == chosen else "slower"}
+             for (k, p), ms in rows.items()]
+    timing = {"how": "interleaved", "session": "abc", "rounds": 2, "candidates": len(rows)} if interleaved else None
+    ranking = [{"engine": f"{k} {p}", "latency_ms": {"p50": ms}, "throughput_sps": None, "timing": timing}
+               for (k, p), ms in rows.items()]
+    settings = {"batch1": {"threads": 1}, "batchN": {"threads": 1}}
+    serving = {"engine": chosen[0], "precision": chosen[1], "by": "latency", "settings": settings,
+               "why": "fastest within budget", "fp32": {"engine": base[0], "row": f"{base[0]} fp32"},
+               "candidates": cands, "ranking": ranking, "tuning": {k: settings for k in ("openvino", "onnxruntime")}}
+    (tmp_path / "server" / "onnx").mkdir(parents=True)
+    for f in ("model.onnx", "model_int8.onnx"):
+        (tmp_path / "server" / "onnx" / f).write_bytes(b"")
+    hw = {"cpu": "build CPU", "capabilities": {"bf16": sorted(built & caps.BF16_FLAGS),
+                                               "vnni": sorted(built & caps.VNNI_FLAGS)}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"hardware": hw}))
+    return tmp_path, {"serving": serving}
+
+
+def test_kernel_families_of_the_synthetic_cpus(monkeypatch):
+    fam = {n: (sc.kernel_family("bf16", _flags(n, "", monkeypatch)), sc.kernel_family("int8", _flags(n, "", monkeypatch)))
+           for n in ("intel_amx", "amd_avx512_bf16_vnni", "amd_avx2", "arm_neoverse_n1")}
+    assert fam == {"intel_amx": ("amx_bf16", "amx_int8"), "amd_avx512_bf16_vnni": ("avx512_bf16", "vnni"),
+                   "amd_avx2": (None, "no-vnni"), "arm_neoverse_n1": (None, "no-vnni")}
+    assert sc.kernel_family("fp32", frozenset()) == "fp32"
+    amx = _flags("intel_amx", "", monkeypatch)
+    assert sc.kernel_refusal("fp32", amx, frozenset()) is None
+    assert "lacks avx512_bf16/amx_bf16" in sc.kernel_refusal("bf16", amx, _flags("amd_avx2", "", monkeypatch))
+    # AMX-measured bf16 on a CPU with avx512_bf16 only: other kernels than the gate and the timing saw
+    assert "amx_bf16 bf16 kernels, this CPU runs avx512_bf16" in \
+        sc.kernel_refusal("bf16", amx, _flags("amd_avx512_bf16_vnni", "", monkeypatch))
+    # int8 gated without VNNI is not served where VNNI kernels would run (other numbers), nor the other way round
+    assert sc.kernel_refusal("int8", _flags("amd_avx2", "", monkeypatch), _flags("amd_avx512_bf16_vnni", "", monkeypatch))
+    assert sc.kernel_refusal("int8", None, frozenset()) is None          # bundles without a CPU record: as before
+
+
+def test_same_cpu_serves_the_recommendation(tmp_path, monkeypatch):
+    here = _flags("amd_avx512_bf16_vnni", "", monkeypatch)
+    folder, cfg = _bundle(tmp_path, here)
+    got = sc.runnable_choice(folder, cfg, here)
+    assert (got["engine"], got["precision"], got["cpu"]) == ("openvino", "bf16", None)
+
+
+def test_no_bf16_here_reranks_among_the_rows_that_passed(tmp_path, monkeypatch):
+    """Measured on the AMX CPU, served there with bf16 switched off (the simulation): int8 still runs on the
+    amx_int8 kernels it was gated on, so the next fastest row that passed is served."""
+    folder, cfg = _bundle(tmp_path, _flags("intel_amx", "", monkeypatch))
+    got = sc.runnable_choice(folder, cfg, _flags("intel_amx", "no-bf16", monkeypatch))
+    assert (got["engine"], got["precision"]) == ("onnxruntime", "int8")
+    assert got["cpu"].startswith("the bundle recommends openvino bf16, but this CPU lacks avx512_bf16/amx_bf16 (bf16 cannot run): "
+                                 "serving onnxruntime int8 (next fastest that passed, 1.33x fp32")
+    assert got["settings"] == {"batch1": {"threads": 1}, "batchN": {"threads": 1}}
+
+
+def test_other_kernels_for_every_low_precision_fall_back_to_fp32(tmp_path, monkeypatch):
+    folder, cfg = _bundle(tmp_path, _flags("amd_avx512_bf16_vnni", "", monkeypatch))
+    for cpu, profile in (("amd_avx2", ""), ("intel_amx", ""), ("amd_avx512_bf16_vnni", "avx2")):
+        got = sc.runnable_choice(folder, cfg, _flags(cpu, profile, monkeypatch))
+        assert (got["engine"], got["precision"]) == ("openvino", "fp32"), (cpu, profile)     # fastest fp32 that passed
+        assert "serving openvino fp32" in got["cpu"]
+
+
+def test_a_ranking_not_timed_interleaved_is_not_reranked(tmp_path, monkeypatch):
+    folder, cfg = _bundle(tmp_path, _flags("intel_amx", "", monkeypatch), interleaved=False)
+    got = sc.runnable_choice(folder, cfg, _flags("intel_amx", "no-bf16", monkeypatch))
+    assert (got["engine"], got["precision"]) == ("openvino", "fp32") and "fp32 fallback" in got["cpu"]   # record.fp32
+
+
+def test_load_engine_logs_one_line_and_records_the_choice(tmp_path, monkeypatch, caplog):
+    """The served engine really loads the re-ranked row, says so once, and carries what /health reports."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder, cfg = _bundle(tmp_path, _flags("intel_amx", "", monkeypatch), chosen=("openvino", "bf16"))
+    cfg["serving"]["candidates"] = [c for c in cfg["serving"]["candidates"] if c["precision"] != "int8"]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [float(i) for i in range(16)])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              str(folder / "server" / "onnx" / "model.onnx"))
+    _flags("intel_amx", "no-bf16", monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        eng = sc.load_engine(folder, cfg, threads=1, label="recognition")
+    lines = [r.getMessage() for r in caplog.records if "recommends" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("recognition: the bundle recommends openvino bf16")
+    assert eng.kind == "openvino" and eng.serving["precision"] == "fp32" and eng.serving["cpu"]
+    eng.close()
