@@ -139,7 +139,10 @@ def _finish(cfg, run_dir: Path, baseline: str | None, stage_errors: dict[str, st
     from pipeline.core.errors import RegressionFound
     from pipeline.nightly.regression import check_run, regression_block
 
-    res = check_run(cfg, run_dir, _stage_order(cfg), baseline=baseline, stage_errors=stage_errors)
+    from pipeline.core.console import native_output_to
+
+    with native_output_to(run_dir / "log" / "native.log", "nightly comparison"):   # the A/B rebuilds engines
+        res = check_run(cfg, run_dir, _stage_order(cfg), baseline=baseline, stage_errors=stage_errors)
     comps = res["comparisons"]
     unmeasured = [c for c in comps if not c.measured]
     ok = sum(c.passed and c.measured for c in comps)
