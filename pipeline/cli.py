@@ -106,7 +106,7 @@ def _run_system(args, cfg) -> int:
 
 def _trains(cfg, names: list[str]) -> bool:
     """Whether these stages train in this process (an imported model's `train` stage only loads and checks it)."""
-    return "train" in names and cfg.model.source != "inference"
+    return "train" in names and cfg.model.source not in ("inference", "pir")
 
 
 def _stages(args) -> int:

@@ -169,7 +169,7 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.training.loop import require_visualdl, train_model
 
     cfg = ctx.cfg
-    if cfg.model.source == "inference":
+    if cfg.model.source in ("inference", "pir"):
         return import_model(ctx)
     if cfg.train.visualdl:
         require_visualdl()                  # missing package: fail now, not after training
@@ -367,7 +367,12 @@ def import_model(ctx) -> StageResult:
     seed_everything(cfg.seed)
     paddle.set_device("cpu")
     data_cfg = cfg.section("data")["data"]
-    prefix = imported.resolve_prefix(cfg.model.path)
+    pir = None
+    if cfg.model.source == "pir":                # a Paddle 3 export: translated first, then imported as any program
+        prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir,
+                                             {"data": data_cfg, "detection": cfg.section("detection")["detection"]})
+    else:
+        prefix = imported.resolve_prefix(cfg.model.path)
     ds = task.load_data(data_cfg, cfg.seed)
     spec = task.preprocess_spec(data_cfg, ds.info)
     program_input = imported.check_input(prefix, spec, task.name)
@@ -386,7 +391,7 @@ def import_model(ctx) -> StageResult:
                                                  forward=lambda x: reference_outputs(prefix, x))
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
-              "inference_yml": imported.inference_yml(prefix)}
+              "inference_yml": imported.inference_yml(prefix), **({"pir": pir} if pir else {})}
     write_info(ctx, task, ds, spec, source="inference", imported=record)
     metric = task.primary_metric
     # executed whatever the labels: the program loaded, fit the task's signature and gave finite outputs

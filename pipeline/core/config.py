@@ -59,16 +59,16 @@ class DataCfg(Section):
 class ModelCfg(Section):
     name: str
     args: dict[str, Any]
-    source: Literal["builder", "inference"]
+    source: Literal["builder", "inference", "pir"]   # pir: a Paddle 3 inference.json export (pipeline/models/pir.py)
     path: Optional[str]
     pretrained: Optional[str]
     allow_partial: bool
 
     @model_validator(mode="after")
     def _inference_needs_a_path(self):
-        if self.source == "inference" and not self.path:
-            raise ValueError("model.source is 'inference' but model.path is empty: set it to the folder (or prefix) "
-                             "of inference.pdmodel/.pdiparams")
+        if self.source in ("inference", "pir") and not self.path:
+            raise ValueError(f"model.source is '{self.source}' but model.path is empty: set it to the folder (or prefix) "
+                             "of inference.pdmodel/.pdiparams (pir: the folder of inference.json/.pdiparams/.yml)")
         return self
 
 
@@ -401,7 +401,7 @@ def _file_digest(path: Path) -> str:
 def _files_of(path: str) -> list[Path]:
     p = ROOT / path if not Path(path).is_absolute() else Path(path)
     if p.is_dir():
-        return sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".pdmodel", ".pdiparams", ".yml"))
+        return sorted(f for f in p.iterdir() if f.is_file() and f.suffix in (".pdmodel", ".pdiparams", ".yml", ".json"))
     cands = [p] + [Path(str(p) + s) for s in (".pdmodel", ".pdiparams")]
     return [f for f in cands if f.is_file()]
 
@@ -423,7 +423,7 @@ def model_sources(model: "ModelCfg") -> dict[str, str]:
     """File name → sha256 of everything the model section makes the train stage read: the imported program
     (model.path), pretrained weights (model.pretrained) and a user builder's module source."""
     files = _builder_source(model.name)
-    for path in (model.path if model.source == "inference" else None, model.pretrained):
+    for path in (model.path if model.source in ("inference", "pir") else None, model.pretrained):
         files += _files_of(path) if path else []
     return {(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)): _file_digest(f) for f in files}
 

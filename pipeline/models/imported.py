@@ -63,6 +63,45 @@ def inference_yml(prefix: Path) -> dict | None:
             "dictionary_size": len(chars) if isinstance(chars, list) else None}
 
 
+def translate_pir(path: str | Path, out_dir: Path, sections: dict) -> tuple[Path, dict]:
+    """model.source=pir: the Paddle 3 export at `path` translated into out_dir/translated/inference.pdmodel/
+    .pdiparams (pipeline/models/pir.py), its inference.yml copied beside; the configured pre/post-processing
+    (`sections`: {'data': ..., 'detection': ...}) must agree with that yml -> (prefix, record)."""
+    import shutil
+
+    from pipeline.models import pir, pir_yml
+
+    folder = pir.resolve_dir(path)
+    yml = folder / "inference.yml"
+    bad = pir_yml.mismatches(folder, sections) + _dictionary_mismatch(folder, sections) if yml.is_file() else []
+    if bad:
+        raise ConfigError(f"model.path {path}: the config contradicts its inference.yml: {'; '.join(bad)}",
+                          hint=f"set those keys as `python -m pipeline.models.pir_yml {folder}` prints them")
+    prefix = out_dir / "translated" / "inference"
+    record = pir.translate(folder, prefix)
+    if yml.is_file():
+        shutil.copy2(yml, prefix.parent / yml.name)
+    record["sha256"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                        for f in (folder / n for n in (*pir.FILES, "inference.yml")) if f.is_file()}
+    return prefix, record
+
+
+def _dictionary_mismatch(folder: Path, sections: dict) -> list[str]:
+    """The configured charset must be the yml's dictionary, class for class (pir_yml.charset_lines' placeholders)."""
+    from pipeline.data.labelfile import load_charset
+    from pipeline.models.pir_yml import charset_lines, hints
+
+    chars, path = hints(folder).get("dictionary"), (sections.get("data") or {}).get("charset")
+    if not chars or not path:
+        return []
+    want, have = charset_lines(chars)[0], list(load_charset(path))
+    if want == have:
+        return []
+    first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+    return [f"data.charset {path} has {len(have)} characters, the yml's dictionary {len(want)} (first difference "
+            f"at class {first + 1})"]
+
+
 def check_input(prefix: Path, spec: dict, task: str) -> list[int]:
     """The program's one feed must be [N, C, H, W] with the configured channels (and H, W where fixed)."""
     from pipeline.engines.paddle_infer import program_input_shape, program_io

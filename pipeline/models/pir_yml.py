@@ -1,0 +1,94 @@
+"""What a PaddleOCR 3 export's `inference.yml` says about its pre- and post-processing, as this pipeline's config
+keys: the import checks the configured values against it (a mismatch is refused, naming the key and the yml's
+value), and `python -m pipeline.models.pir_yml DIR` prints the keys for a new config.
+
+The recognizer's dictionary (PostProcess.character_dict) becomes a charset file, one class a line. PP-OCRv5's has
+10 entries of two code points (flag emoji such as U+1F1E9 U+1F1EA); the pipeline's charset holds one code point per
+class, so each of those is written as a Supplementary Private Use Area placeholder (U+F0000 + i, listed in
+`placeholders`): the class count and order stay the model's, and a flag reads as its placeholder.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+
+PLACEHOLDER_BASE = 0xF0000
+
+
+def read(folder: Path) -> dict:
+    import yaml
+
+    f = Path(folder) / "inference.yml"
+    try:
+        doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{f} is not readable YAML ({type(exc).__name__})",
+                          hint="a PaddleOCR 3 export writes inference.yml beside inference.json") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{f}: expected a mapping at the top level", hint="a PaddleOCR 3 inference.yml")
+    return doc
+
+
+def _ops(doc: dict) -> dict:
+    ops = (doc.get("PreProcess") or {}).get("transform_ops") or []
+    return {k: (v or {}) for op in ops if isinstance(op, dict) for k, v in op.items()}
+
+
+def charset_lines(chars: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Dictionary entries -> one code point each (placeholders for longer entries), and placeholder -> entry."""
+    lines, placeholders = [], {}
+    for c in chars:
+        if len(c) != 1:
+            p = chr(PLACEHOLDER_BASE + len(placeholders))
+            placeholders[p] = c
+            c = p
+        lines.append(c)
+    return lines, placeholders
+
+
+def hints(folder: Path) -> dict:
+    """{dotted config key: value} the yml implies (det: detection.*, rec: data.*), plus 'dictionary' for rec."""
+    doc = read(folder)
+    ops, post = _ops(doc), doc.get("PostProcess") or {}
+    out: dict = {}
+    if "DetResizeForTest" in ops:
+        r = ops["DetResizeForTest"]
+        side = r.get("resize_long") or r.get("limit_side_len")
+        if side:
+            out.update({"detection.resize": "limit", "detection.limit_side_len": int(side),
+                        "detection.limit_type": "max" if "resize_long" in r else r.get("limit_type", "min")})
+    norm = ops.get("NormalizeImage")
+    if norm:
+        out.update({"detection.mean": [float(v) for v in norm["mean"]], "detection.std": [float(v) for v in norm["std"]]})
+    if post.get("name") == "DBPostProcess":
+        out.update({f"detection.{k}": post[k] for k in ("thresh", "box_thresh", "unclip_ratio", "max_candidates")
+                    if k in post})
+    if "RecResizeImg" in ops:
+        c, h, w = ops["RecResizeImg"]["image_shape"]
+        out.update({"data.channels": int(c), "data.height": int(h), "data.width": int(w), "data.preprocess": "ppocr"})
+    if post.get("name") == "CTCLabelDecode" and isinstance(post.get("character_dict"), list):
+        out["dictionary"] = [str(c) for c in post["character_dict"]]
+        out["data.use_space_char"] = True          # PaddleOCR's rec default: dictionary + space + blank classes
+    return out
+
+
+def mismatches(folder: Path, sections: dict) -> list[str]:
+    """'key configured X, inference.yml says Y' for each configured value the yml contradicts."""
+    bad = []
+    for key, want in hints(folder).items():
+        if key == "dictionary":
+            continue
+        sec, name = key.split(".", 1)
+        have = (sections.get(sec) or {}).get(name)
+        same = [round(float(v), 6) for v in have] == [round(float(v), 6) for v in want] \
+            if isinstance(want, list) and isinstance(have, list) else have == want
+        if have is not None and not same:
+            bad.append(f"{key}={have!r} but inference.yml says {want!r}")
+    return bad
+
+
+if __name__ == "__main__":
+    for k, v in hints(Path(sys.argv[1])).items():
+        print(f"{k}: {len(v)} characters" if k == "dictionary" else f"{k}: {v}")
