@@ -25,29 +25,36 @@ def _tensor_desc():
     return framework_pb2.VarType.TensorDesc()
 
 
-def read_stream(path: str | Path) -> list[np.ndarray]:
-    """Every tensor of a combined parameter file, in file order."""
-    data, pos, out = Path(path).read_bytes(), 0, []
+def _records(data: bytes):
+    """(start, end, array) of each tensor record in a combined parameter stream."""
+    pos = 0
+    while pos < len(data):
+        start = pos
+        (lod_levels,) = struct.unpack_from("<Q", data, pos + 4)       # after the uint32 version
+        pos += 12
+        for _ in range(lod_levels):                 # LoD offsets: parameters carry none, skip them if present
+            (size,) = struct.unpack_from("<Q", data, pos)
+            pos += 8 + size
+        _tensor_version, desc_size = struct.unpack_from("<Ii", data, pos)
+        pos += 8
+        desc = _tensor_desc()
+        desc.ParseFromString(data[pos:pos + desc_size])
+        pos += desc_size
+        dtype = np.dtype(DTYPES[desc.data_type])
+        shape = [int(d) for d in desc.dims]
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if pos + n > len(data):
+            raise ValueError("truncated")
+        yield start, pos + n, np.frombuffer(data, dtype, count=n // dtype.itemsize, offset=pos).reshape(shape).copy()
+        pos += n
+
+
+def read_stream(path: str | Path, spans: bool = False) -> list:
+    """Every tensor of a combined parameter file, in file order (spans=True: (start, end, array) each)."""
+    data, out = Path(path).read_bytes(), []
     try:
-        while pos < len(data):
-            (_version,) = struct.unpack_from("<I", data, pos)
-            (lod_levels,) = struct.unpack_from("<Q", data, pos + 4)
-            pos += 12
-            for _ in range(lod_levels):                 # LoD offsets: parameters carry none, skip them if present
-                (size,) = struct.unpack_from("<Q", data, pos)
-                pos += 8 + size
-            _tensor_version, desc_size = struct.unpack_from("<Ii", data, pos)
-            pos += 8
-            desc = _tensor_desc()
-            desc.ParseFromString(data[pos:pos + desc_size])
-            pos += desc_size
-            dtype = np.dtype(DTYPES[desc.data_type])
-            shape = [int(d) for d in desc.dims]
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if pos + n > len(data):
-                raise ValueError("truncated")
-            out.append(np.frombuffer(data, dtype, count=n // dtype.itemsize, offset=pos).reshape(shape).copy())
-            pos += n
+        for rec in _records(data):
+            out.append(rec if spans else rec[2])
     except (struct.error, KeyError, ValueError) as exc:
         raise DataError(f"{path}: not a combined Paddle parameter file (tensor {len(out)} unreadable: "
                         f"{type(exc).__name__} {exc})", hint="pass the inference.pdiparams written with the model") \

@@ -1,6 +1,6 @@
 """What a PaddleOCR 3 export's `inference.yml` says about its pre- and post-processing, as this pipeline's config
-keys: the import checks the configured values against it (a mismatch is refused, naming the key and the yml's
-value), and `python -m pipeline.models.pir_yml DIR` prints the keys for a new config.
+keys: the import checks the configured pre-processing against it (a mismatch is refused, naming the key and the
+yml's value; post-processing thresholds and the resize rule are the export's defaults, free to tune), and `python -m pipeline.models.pir_yml DIR` prints the keys for a new config.
 
 The recognizer's dictionary (PostProcess.character_dict) becomes a charset file, one class a line. PP-OCRv5's has
 10 entries of two code points (flag emoji such as U+1F1E9 U+1F1EA); the pipeline's charset holds one code point per
@@ -74,11 +74,16 @@ def hints(folder: Path) -> dict:
     return out
 
 
+# what the weights were trained with: a different value reads garbage. The resize rule and the DB thresholds are
+# the export's defaults, a deployment's to tune (hints only).
+BINDING = ("detection.mean", "detection.std", "data.channels", "data.height", "data.preprocess")
+
+
 def mismatches(folder: Path, sections: dict) -> list[str]:
-    """'key configured X, inference.yml says Y' for each configured value the yml contradicts."""
+    """'key=X but inference.yml says Y' for each configured value of BINDING that the yml contradicts."""
     bad = []
     for key, want in hints(folder).items():
-        if key == "dictionary":
+        if key not in BINDING:
             continue
         sec, name = key.split(".", 1)
         have = (sections.get(sec) or {}).get(name)
