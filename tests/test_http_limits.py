@@ -6,6 +6,7 @@ smoke bundle as a real process.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import signal
@@ -206,6 +207,137 @@ def test_sigterm_answers_requests_in_flight_then_exits_within_grace(smoke_bundle
             proc.kill()
     log = proc.stdout.read()
     assert all(a.startswith(b"HTTP/1.1 200") and b'"predictions"' in a for a in answers), (answers, log[-2000:])
-    assert stalled_answer.startswith(b"HTTP/1.1 408") or stalled_answer == b"", stalled_answer
+    # the docs promise a 408 for a body that never completes, SIGTERM or not (issue 31: an empty answer passed)
+    assert stalled_answer.startswith(b"HTTP/1.1 408") and b"serve.body_timeout_s" in stalled_answer, stalled_answer
     assert proc.returncode == 0 and took < 4.0 + 1.5, (took, log[-2000:])
     assert "Traceback" not in log, log[-3000:]
+
+
+# ------------------------------------------------------------------------------------ issue 30: the event loop stays free
+
+@functools.cache
+def _big_page(side: int = 4096) -> bytes:
+    """A 16-megapixel gray page of dark strokes on white, as PNG (~140 KB: far under serve.max_body_bytes)."""
+    rng = np.random.default_rng(0)
+    img = np.full((side, side), 255, np.uint8)
+    for y, x, w in zip(rng.integers(0, side - 40, 3000), rng.integers(0, side - 400, 3000), rng.integers(40, 400, 3000)):
+        img[y:y + 24, x:x + w] = rng.integers(0, 120)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _health_under_uploads(url: str, body: bytes, n: int) -> tuple[list[int], list[float]]:
+    """n uploads of `body` to /predict released at once; /health timed every 20 ms until all are answered.
+    One shared client (an httpx.Client per thread spends ~20 ms of GIL each building its SSL context)."""
+    import httpx
+
+    statuses, health_ms = [], []
+    go = threading.Barrier(n + 1)
+    with httpx.Client(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n + 1)) as posts, \
+            httpx.Client(base_url=url, timeout=30) as probe:
+        def post():
+            go.wait()
+            statuses.append(posts.post("/predict", content=body, headers={"content-type": "image/png"}).status_code)
+        threads = [threading.Thread(target=post) for _ in range(n)]
+        for t in threads:
+            t.start()
+        probe.get("/health")                     # connection open before the uploads start
+        go.wait()
+        while any(t.is_alive() for t in threads):
+            t0 = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            health_ms.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(0.02)
+        for t in threads:
+            t.join()
+    return statuses, health_ms
+
+
+def test_health_answers_while_30_big_pages_are_decoded(tiny_model):  # noqa: F811
+    """Issue 30: 30 concurrent 16-megapixel pages stalled /health for 6.1 s while they were decoded on the
+    event loop. Decoding runs on the prep pool now: /health keeps answering. The bound is generous (1 s, not
+    the 100 ms target) because this host may be shared; docs/serving_hardening.md has the measured figures."""
+    from pipeline.serving.http_common import BackgroundServer
+    from pipeline.serving.predict import create_app_from_model
+
+    app = create_app_from_model(*tiny_model, max_concurrency=30, log_requests=False)
+    with BackgroundServer(app) as srv:
+        statuses, health_ms = _health_under_uploads(srv.url, _big_page(), 30)
+    assert statuses == [200] * 30
+    assert len(health_ms) >= 3 and max(health_ms) < 1000, health_ms
+
+
+def test_past_the_slots_big_pages_get_429_at_once(tiny_model):  # noqa: F811
+    """Decoding holds a concurrency slot: with 2 slots, most of 30 simultaneous big pages are refused 429 (with
+    the limit named) instead of all queueing on the event loop, as all 100 did in issue 30."""
+    import httpx
+
+    from pipeline.serving.http_common import BackgroundServer
+    from pipeline.serving.predict import create_app_from_model
+
+    app = create_app_from_model(*tiny_model, max_concurrency=2, log_requests=False)
+    body = _big_page()
+    with BackgroundServer(app) as srv:
+        statuses, health_ms = _health_under_uploads(srv.url, body, 30)
+        r = None
+        while r is None or r.status_code == 429:             # the slots free up once the pages are read
+            r = httpx.post(srv.url + "/predict", content=body, headers={"content-type": "image/png"}, timeout=30)
+    assert statuses.count(429) >= 10 and set(statuses) == {200, 429}, statuses
+    assert r.status_code == 200 and max(health_ms) < 1000
+
+
+def test_request_past_its_time_budget_gets_503_naming_the_limit(tiny_model):  # noqa: F811
+    """serve.request_timeout_s: a request still in inference past its budget gets 503 naming the key, at the
+    deadline; the engine call finishes in its thread, and the next request is answered."""
+    import httpx
+
+    from pipeline.serving.http_common import BackgroundServer
+    from pipeline.serving.predict import create_app_from_model
+
+    app = create_app_from_model(*tiny_model, log_requests=False, batching={"mode": "off"}, request_timeout_s=0.4,
+                                max_concurrency=1)
+    run, calls = app.state.engine.run, []
+    app.state.runner.inline = False
+    app.state.engine.run = lambda x: (calls.append(1), len(calls) == 1 and time.sleep(1.5), run(x))[2]
+    with BackgroundServer(app) as srv:
+        t0 = time.perf_counter()
+        r = httpx.post(srv.url + "/predict", content=_png(), headers={"content-type": "image/png"}, timeout=10)
+        took = time.perf_counter() - t0
+        time.sleep(1.3)                   # the abandoned call ends in its worker thread
+        again = httpx.post(srv.url + "/predict", content=_png(), headers={"content-type": "image/png"}, timeout=10)
+    assert r.status_code == 503 and "within 0.4 s (serve.request_timeout_s)" in r.json()["error"], r.text
+    assert "\n" not in r.text and took < 1.4, took
+    assert again.status_code == 200, again.text
+
+
+def test_upload_slower_than_the_time_budget_gets_408_naming_it(tiny_model):  # noqa: F811
+    from pipeline.serving.http_common import BackgroundServer
+    from pipeline.serving.limits import HttpLimits
+    from pipeline.serving.predict import create_app_from_model
+
+    app = create_app_from_model(*tiny_model, log_requests=False, request_timeout_s=0.6)
+    with BackgroundServer(app, limits=HttpLimits(**{**LIMITS, "body_timeout_s": 10.0})) as srv:
+        host, port = srv.url.rsplit("/", 1)[1].split(":")
+        s = socket.create_connection((host, int(port)))
+        s.sendall(_head() + b"\x89PNG")           # 4 of 1000 bytes, then nothing
+        t0 = time.perf_counter()
+        answer = _answer(s, 5)
+        took = time.perf_counter() - t0
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"within 0.6 s (serve.request_timeout_s)" in answer, answer
+    assert took < 2.0, took
+
+
+def test_head_on_get_routes_answers_like_get_without_a_body(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url) as client:
+        name = client.get("/health").json()["model"]
+        for path in ("/health", "/v2", "/v2/health/live", "/v2/health/ready", f"/v2/models/{name}",
+                     f"/v2/models/{name}/ready"):
+            get, head = client.get(path), client.head(path)
+            assert head.status_code == get.status_code == 200, path
+            assert head.content == b"" and head.headers["content-length"] == get.headers["content-length"], path
+        assert client.head("/predict").status_code == 405          # POST only: as GET /predict
+        assert client.head("/nope").status_code == 404

@@ -282,6 +282,8 @@ class ServeCfg(Section):
     body_timeout_s: float = Field(gt=0)
     keepalive_s: float = Field(gt=0)
     grace_s: float = Field(ge=0)
+    request_timeout_s: float = Field(ge=0)      # 0: no budget
+    max_boxes_per_page: int = Field(ge=0)       # 0: no cap
     batching: BatchingCfg
 
 

@@ -86,21 +86,45 @@ def read_pages(pages: list[np.ndarray], det, rec, spec: SystemSpec, batch: int =
     direction-classifier models."""
     if spec.paddleocr:
         return [read_page_ppocr(p, det, rec, spec, cls) for p in pages]
-    pages = [cv2.cvtColor(p, cv2.COLOR_BGR2GRAY) if p.ndim == 3 else p for p in pages]
+    pages = _gray(pages)
+    return _read_builtin(pages, _detect_builtin(pages, det, spec, batch), rec, spec, 4 * batch)
+
+
+def read_page(page: np.ndarray, det, rec, spec: SystemSpec, cls=None, max_boxes: int = 0) -> tuple[list[dict], int]:
+    """One page as read_pages reads it, but at most max_boxes boxes recognised (0: all): the first ones in the
+    flow's order (PaddleOCR's: reading order; built-in: detection order). → (lines, boxes detected)."""
+    if spec.paddleocr:
+        pc = page_crops(page, det, spec, cls, max_boxes)
+        return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec), pc.found
+    pages = _gray([page])
+    found = _detect_builtin(pages, det, spec, 1)
+    n = len(found[0][0])
+    if max_boxes and n > max_boxes:
+        found = [(q[:max_boxes], s[:max_boxes]) for q, s in found]
+    return _read_builtin(pages, found, rec, spec, 64)[0], n
+
+
+def _gray(pages: list[np.ndarray]) -> list[np.ndarray]:
+    return [cv2.cvtColor(p, cv2.COLOR_BGR2GRAY) if p.ndim == 3 else p for p in pages]
+
+
+def _detect_builtin(pages: list[np.ndarray], det, spec: SystemSpec, batch: int) -> list:
+    """The built-in flow's detection: gray pages stretched to the model size → per page (quads, scores)."""
     det_in = np.stack([fit_image(Image.fromarray(p), spec.det_pre) for p in pages])
     maps = det.run_batched(to_tensor(det_in, spec.det_pre), batch)
     _finite(maps, "detection", det)
-    found = detect_batch(maps, DBParams.from_dict(spec.det_post), [p.shape[:2] for p in pages])
-    crops, owner = [], []
-    for i, (quads, _) in enumerate(found):
-        for q in quads:
-            crops.append(fit_image(Image.fromarray(crop_quad(pages[i], q)), spec.rec_pre))
-            owner.append(i)
+    return detect_batch(maps, DBParams.from_dict(spec.det_post), [p.shape[:2] for p in pages])
+
+
+def _read_builtin(pages: list[np.ndarray], found: list, rec, spec: SystemSpec, batch: int) -> list[list[dict]]:
+    """The built-in flow's recognition: every crop of every page in batches of `batch` → lines per page."""
+    crops = [fit_image(Image.fromarray(crop_quad(pages[i], q)), spec.rec_pre)
+             for i, (quads, _) in enumerate(found) for q in quads]
     texts: list[str] = []
     scores: list[float] = []
     if crops:
         x = to_tensor(np.stack(crops), spec.rec_pre)
-        logits = rec.run_batched(x, 4 * batch)
+        logits = rec.run_batched(x, batch)
         _finite(logits, "recognition", rec)
         texts = decode_indices(ctc_greedy_decode(logits), spec.rec_post["charset"])
         scores = _line_scores(logits)
@@ -182,18 +206,23 @@ class PageCrops:
     det_scores: np.ndarray
     crops: list
     angles: list | None
+    found: int = 0            # boxes detected, before any max_boxes cap
 
 
-def page_crops(page: np.ndarray, det, spec: SystemSpec, cls=None) -> PageCrops:
+def page_crops(page: np.ndarray, det, spec: SystemSpec, cls=None, max_boxes: int = 0) -> PageCrops:
     """Detection, crops and the optional classifier of one page (PaddleOCR's flow); recognition is left to
-    the caller, so that `/ocr` can recognise the crops of concurrent pages together."""
+    the caller, so that `/ocr` can recognise the crops of concurrent pages together. max_boxes: keep only
+    the first boxes in reading order (0: all), before any crop is cut (`serve.max_boxes_per_page`)."""
     img = ppocr.to_bgr(page)
     work, transform = ppocr.prepare_page(img, spec.flow)
     quads, det_scores = detect_page(work, det, spec)
+    found = len(quads)
+    if max_boxes and found > max_boxes:
+        quads, det_scores = quads[:max_boxes], det_scores[:max_boxes]
     crops = [crop_quad(work, q) for q in quads]
     quads = ppocr.page_boxes(quads, transform, img.shape[:2])
     angles = classify_crops(crops, cls, spec) if cls is not None and crops else None
-    return PageCrops(quads, det_scores, crops, angles)
+    return PageCrops(quads, det_scores, crops, angles, found)
 
 
 def page_lines(pc: PageCrops, texts: list[str], scores: list[float], spec: SystemSpec) -> list[dict]:

@@ -31,7 +31,8 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
     """App for a bundle folder or .tar.gz; the signature (with a key) and every hash are checked before
     Paddle parses any file. limits: max_pixels, max_concurrency (see create_app_from_model).
     engine: override the bundle's recommended engine (paddle-inference | onnxruntime | openvino); precision: its
-    precision (default: the recommended one for the recommended engine, fp32 for another)."""
+    precision (default: the recommended one for the recommended engine, fp32 for another).
+    limits also takes request_timeout_s (every app) and max_boxes (/ocr: boxes read per page)."""
     scratch = tempdirs.directory("serve-bundle")
     folder = open_bundle(Path(bundle), Path(scratch.name), *(archive_limits or ()))
     signature = check_signature(folder, key)
@@ -41,6 +42,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
         app = _ocr_app(folder, cfg, threads=threads, max_body=max_body, name=manifest.get("name"),
                        versions=manifest.get("versions"), **limits)
     else:
+        limits.pop("max_boxes", None)            # /ocr only
         app = create_app_from_model(str(folder / layout.FP32_PREFIX), cfg, threads=threads,
                                     max_body=max_body, name=manifest.get("name") or folder.name,
                                     versions=manifest.get("versions"),
@@ -65,7 +67,9 @@ def http_ocr_gate(folder: Path, pages: list[np.ndarray], *, threads: int = 0, ti
     """A system bundle's /ocr over HTTP on the given pages (see ocr_routes.ocr_over_http)."""
     from pipeline.serving.ocr_routes import ocr_over_http
 
-    app = _ocr_app(Path(folder), load_infer_config(folder), threads=threads, log_requests=False)
+    # the gate compares whole pages with the in-process read: no box cap, no time budget (httpx's timeout bounds it)
+    app = _ocr_app(Path(folder), load_infer_config(folder), threads=threads, log_requests=False, max_boxes=0,
+                   request_timeout_s=None)
     return ocr_over_http(app, pages, timeout=timeout)
 
 

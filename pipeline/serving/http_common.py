@@ -21,7 +21,8 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 
 from pipeline.data import imagedecode
 from pipeline.core.errors import ConfigError, DataError, PipelineError
-from pipeline.serving.limits import ConcurrencyLimit, HttpLimits, declared_too_big, streamed_too_big, uvicorn_config
+from pipeline.serving.limits import (ConcurrencyLimit, HttpLimits, declared_too_big, parse_length, streamed_too_big,
+                                    uvicorn_config)
 
 log = logging.getLogger("pipeline.serving.app")     # the serving log (one name for every route module)
 
@@ -36,6 +37,18 @@ MAX_CONCURRENCY = 8
 
 
 MAX_BATCH = 64
+
+
+REQUEST_TIMEOUT_S = 60.0             # a dense real page took 21-29 s of CPU on /ocr (issue 30); 60 s leaves room
+
+
+MAX_BOXES_PER_PAGE = 500             # /ocr: boxes read per page, in reading order (~25 ms of CPU each, issue 30)
+
+
+# inputs this small are decoded/parsed on the event loop: the thread-pool hop (~0.1 ms measured here) costs more
+# than they do, and the loop is blocked for well under a millisecond. Anything bigger goes to the prep pool.
+INLINE_PIXELS = 256 * 256
+INLINE_BYTES = 64 * 1024
 
 
 IMAGE_TYPES = tuple(imagedecode.CONTENT_TYPES)   # the allow-list: PNG, JPEG, BMP, GIF, TIFF, WebP
@@ -112,21 +125,77 @@ class _HotRoutes:
     """POST routes answered right behind the concurrency limit and the request log, ahead of FastAPI's
     exception middleware, router and endpoint wrapper, which cost ~0.035 ms of a ~0.37 ms in-process
     /predict (uvloop, default model, measured 2026-11-30 in interleaved rounds). An endpoint takes a
-    Request and returns a Response; _BadRequest is answered here as the app's handler would; anything
-    else still reaches Starlette's ServerErrorMiddleware (500). Other methods fall through to the router."""
+    Request and returns a Response; _BadRequest is answered here as the app's handler would. Other methods
+    fall through to the router, HEAD as GET without the body (Starlette gives HEAD only to plain routes).
+    Any other exception, from a hot route or the router, is answered by `fault` (one line, 400 or 500)."""
 
     def __init__(self, app, routes: dict):
         self.app, self.routes = app, routes
 
     async def __call__(self, scope, receive, send):
-        endpoint = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if endpoint is None:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
         try:
-            response = await endpoint(Request(scope, receive))
-        except _BadRequest as exc:
-            response = _error_response(exc)
+            endpoint = self.routes.get(scope["path"]) if scope["method"] == "POST" else None
+            if endpoint is None:
+                if scope["method"] == "HEAD":
+                    return await self.app({**scope, "method": "GET"}, receive, _without_body(tracked))
+                return await self.app(scope, receive, tracked)
+            try:
+                response = await endpoint(Request(scope, receive))
+            except _BadRequest as exc:
+                response = _error_response(exc)
+        except Exception as exc:                  # noqa: BLE001 - whatever an engine or a decoder raised
+            if started:                           # too late for a status: uvicorn ends the connection
+                raise
+            response = _error_response(fault(exc, scope))
         await response(scope, receive, send)
+
+
+def _without_body(send):
+    """HEAD: the GET answer's status and headers (content-length included), no body bytes."""
+    async def headers_only(message):
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+    return headers_only
+
+
+def fault(exc: Exception, scope) -> _BadRequest:
+    """How an exception nobody answered is answered, in one line and never with a traceback: a DataError is
+    the input's fault (an engine refused it: 400); anything else is the server's (an engine crashed, a
+    runtime raised: 500). The log gets one line, plus the traceback for what is not a PipelineError."""
+    if isinstance(exc, DataError):
+        return _BadRequest(400, _one_line(exc.one_line()))
+    what = exc.one_line() if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+    what = _one_line(what)
+    log.error("%s %s failed: %s", scope.get("method"), scope.get("path"), what,
+              exc_info=None if isinstance(exc, PipelineError) else exc)
+    return _BadRequest(500, f"internal error: {what} (the server log has the details)")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def decodes_inline(data: bytes) -> bool:
+    """A PNG whose header (IHDR, read without decoding) announces at most INLINE_PIXELS: cheaper to decode on
+    the event loop than to hand over. Every other image goes to the prep pool."""
+    if len(data) < 24 or not data.startswith(b"\x89PNG\r\n\x1a\n") or data[12:16] != b"IHDR":
+        return False
+    return int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big") <= INLINE_PIXELS
+
+
+async def off_loop(pool: ThreadPoolExecutor, fn, *args):
+    """fn(*args) on the prep pool (decoding, pre- and post-processing): the event loop keeps answering."""
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 def _error_response(exc: _BadRequest):
@@ -136,18 +205,25 @@ def _error_response(exc: _BadRequest):
 
 
 def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_requests: bool,
-             log_summary_s: float = 60.0, max_body: int = MAX_BODY_BYTES):
-    """The FastAPI app every service here starts from: the predictor pool closed at shutdown, the concurrency
-    limit, request timing/logging (per request, or a summary line per log_summary_s seconds of traffic) and
-    _BadRequest answered as {"error": ...}. Routes are added by the caller."""
+             log_summary_s: float = 60.0, max_body: int = MAX_BODY_BYTES,
+             request_timeout_s: float | None = REQUEST_TIMEOUT_S):
+    """The FastAPI app every service here starts from: the predictor pool and the prep pool (app.state.prep:
+    decoding and pre/post-processing off the event loop) closed at shutdown, the concurrency limit and the
+    per-request time budget, request timing/logging (per request, or a summary line per log_summary_s seconds
+    of traffic), HEAD on GET routes, and errors answered as {"error": ...}. Routes are added by the caller."""
     from fastapi import FastAPI
 
+    from pipeline.core import env
+
     traffic = _Traffic(log_summary_s)
+    # decoding runs inside a request's concurrency slot, so more workers than slots would idle
+    prep = ThreadPoolExecutor(max_workers=max(1, min(max_concurrency, env.cpu_count())), thread_name_prefix="prep")
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
         traffic.flush()
+        prep.shutdown(wait=True)
         pool.shutdown(wait=True)
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request (~10 % of a /predict
@@ -156,9 +232,10 @@ def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_r
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     hot: dict = {}                                  # path -> endpoint, filled by the caller (innermost)
     app.add_middleware(_HotRoutes, routes=hot)
-    app.add_middleware(ConcurrencyLimit, limit=max_concurrency, max_body=max_body)   # bodies read first
+    app.add_middleware(ConcurrencyLimit, limit=max_concurrency, max_body=max_body,    # bodies read first
+                       timeout_s=request_timeout_s)
     app.add_middleware(_LatencyLog, log_requests=log_requests, traffic=traffic)   # outermost: 429s logged and timed too
-    app.state.traffic, app.state.hot_routes = traffic, hot
+    app.state.traffic, app.state.hot_routes, app.state.prep = traffic, hot, prep
 
     @app.exception_handler(_BadRequest)
     async def _bad(_request, exc: _BadRequest):
@@ -169,9 +246,9 @@ def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_r
 
 async def read_body(request, max_body: int) -> bytes:
     """The request body, refused with 413 at the first byte past max_body (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_body:
-        raise _BadRequest(413, declared_too_big(int(declared), max_body))
+    declared = parse_length(request.headers.get("content-length"))
+    if declared is not None and declared > max_body:
+        raise _BadRequest(413, declared_too_big(declared, max_body))
     from starlette.requests import ClientDisconnect
 
     chunks, size = [], 0

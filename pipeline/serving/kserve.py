@@ -8,7 +8,8 @@ GET  /v2/models/{name}[/versions/{v}]/ready
 POST /v2/models/{name}[/versions/{v}]/infer      typed tensors as JSON `data`, or binary (the
                                                  binary tensor data extension tritonclient uses by default)
 Errors are {"error": "<message>"} with 400 (bad request) or 404 (unknown model/version), as the
-protocol specifies; the input goes through the same engine, validated, as /predict.
+protocol specifies, and 500 (one line) when the engine itself fails; the input goes through the same engine,
+validated, as /predict. Large bodies are parsed on the prep pool, off the event loop.
 """
 from __future__ import annotations
 
@@ -105,20 +106,26 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
         check_model(model, version)
         return {"name": name, "ready": True}
 
+    def parse(body: bytes, header_len: str | None) -> tuple[V2Request, np.ndarray]:
+        req, binary = _split_body(body, header_len)
+        return req, _input_tensor(req, binary, input_name, shape_meta)
+
     async def infer(model: str, request: Request, version: str | None = None):
         check_model(model, version)
-        from pipeline.serving.http_common import _BadRequest, read_body
+        from pipeline.core.errors import DataError
+        from pipeline.serving.http_common import INLINE_BYTES, _BadRequest, off_loop, read_body
 
         try:                      # streamed and capped: an oversized body is refused before it is all in memory
             body = await read_body(request, max_body)
         except _BadRequest as exc:
             raise V2Error(exc.status, exc.message) from None
-        req, binary = _split_body(body, request.headers.get(HEADER_LEN))
-        x = _input_tensor(req, binary, input_name, shape_meta)
+        header_len = request.headers.get(HEADER_LEN)
+        req, x = parse(body, header_len) if len(body) <= INLINE_BYTES else \
+            await off_loop(app.state.prep, parse, body, header_len)
         try:
             out = await runner(x)
-        except Exception as exc:  # engine refusal (DataError) and runtime errors alike: the client's input
-            raise V2Error(400, f"inference failed: {getattr(exc, 'message', exc)}") from None
+        except DataError as exc:  # the engine refused the input; anything else is the server's: 500 (http_common.fault)
+            raise V2Error(400, f"inference failed: {exc.one_line()}") from None
         return _response(req, out, name, output_name, Response)
 
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -151,11 +158,14 @@ def _add_server_routes(app, versions: dict) -> None:
 
 def _split_body(body: bytes, header_len: str | None) -> tuple[V2Request, bytes]:
     """JSON header (+ binary tensor bytes after it when Inference-Header-Content-Length is given)."""
+    from pipeline.serving.limits import parse_length
+
     n = len(body)
     if header_len is not None:
-        if not header_len.isdigit() or int(header_len) > len(body):
-            raise V2Error(400, f"Inference-Header-Content-Length {header_len!r} is not a length within the body")
-        n = int(header_len)
+        n = parse_length(header_len)
+        if n is None or n > len(body):
+            raise V2Error(400, f"Inference-Header-Content-Length {header_len[:40]!r} is not a length within the "
+                               f"{len(body)}-byte body (ASCII digits: the byte length of the JSON header)")
     try:
         doc = json.loads(body[:n])
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -192,16 +202,37 @@ def _input_tensor(req: V2Request, binary: bytes, input_name: str, shape_meta: li
                                f"of FP32 ({len(binary)} bytes sent)")
         arr = np.frombuffer(binary, dtype=np.float32)
     else:
-        try:
-            arr = np.asarray(t.data, dtype=np.float32).reshape(-1)
-        except (TypeError, ValueError, RecursionError):
-            raise V2Error(400, f"input '{input_name}': 'data' must be a flat or nested list of numbers") from None
+        arr = _json_data(t.data, input_name)
         if arr.size != count:
             raise V2Error(400, f"input '{input_name}': {arr.size} values for shape {t.shape} ({count} expected)")
     arr = arr.reshape(t.shape)
     if not np.isfinite(arr).all():
         raise V2Error(400, f"input '{input_name}' contains NaN or Inf")
     return arr
+
+
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def _json_data(data, input_name: str) -> np.ndarray:
+    """`data` as float32, every value checked against the FP32 range first: float64 holds any JSON number
+    Python's float() can (a 400-digit integer does not fit even that: OverflowError), and a value beyond
+    FP32's range would otherwise become Inf silently."""
+    try:
+        wide = np.asarray(data, dtype=np.float64).reshape(-1)
+    except OverflowError:
+        raise V2Error(400, f"input '{input_name}': a value in 'data' is outside the FP32 range "
+                           f"(|x| <= {_FP32_MAX:.4g})") from None
+    except (TypeError, ValueError, RecursionError):
+        raise V2Error(400, f"input '{input_name}': 'data' must be a flat or nested list of numbers") from None
+    with np.errstate(invalid="ignore"):
+        over = np.abs(wide) > _FP32_MAX           # NaN compares False: the NaN/Inf check below names it
+    if over.any():
+        i = int(np.argmax(over))
+        raise V2Error(400, f"input '{input_name}': data[{i}] = {wide[i]:.4g} is outside the FP32 range "
+                           f"(|x| <= {_FP32_MAX:.4g})" if np.isfinite(wide[i]) else
+                           f"input '{input_name}' contains NaN or Inf")
+    return wide.astype(np.float32)
 
 
 def _binary_output(req: V2Request, output_name: str) -> bool:

@@ -5,14 +5,18 @@
   connection is just closed), and a body not complete within serve.body_timeout_s of its headers gets 408
   (the app answers it: ConcurrencyLimit below). Idle keep-alive connections close after serve.keepalive_s.
 - ConcurrencyLimit: at most serve.max_concurrency POST requests in progress, counted only once their
-  whole body is here, so trickling uploads never hold a slot (each is bounded by the body timeout).
+  whole body is here, so trickling uploads never hold a slot (each is bounded by the body timeout); a
+  request's decoding, inference and answer all run inside its slot. Each POST also has a time budget
+  (serve.request_timeout_s, from its headers): past it, 408 while the body is still arriving, else 503.
 - uvicorn_config: SIGTERM stops accepting, lets in-flight requests finish for up to serve.grace_s, then
   cancels what is left and exits.
 Everything is plain ASGI / asyncio callbacks: a call_later and a cancel per request, no task per request.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -164,10 +168,21 @@ def streamed_too_big(max_body: int) -> str:
     return f"request body exceeds the {max_body}-byte limit (serve.max_body_bytes)"
 
 
+_LENGTH = re.compile(rb"[0-9]{1,18}")     # ASCII digits only: str.isdigit() also takes "²" and "١", int() not all
+
+
+def parse_length(value: str | bytes | None) -> int | None:
+    """A length header's value as an int, or None when it is not 1-18 ASCII digits (never an exception)."""
+    if value is None:
+        return None
+    raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
+    return int(raw) if _LENGTH.fullmatch(raw.strip()) else None
+
+
 def _content_length(scope) -> int | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
-            return int(value) if value.isdigit() else None
+            return parse_length(value)
     return None
 
 
@@ -175,18 +190,35 @@ class ConcurrencyLimit:
     """At most `limit` POST requests in progress (each holds its body and decoded input in memory); more get
     429 with Retry-After. A request counts only once its body is complete: the body is read here first,
     capped at max_body (413), and all bodies being received share a budget of limit * max_body bytes (503
-    past it). Plain ASGI around the whole app; one event loop, so the counters need no lock."""
+    past it). Every POST has `timeout_s` from its headers to its answer (_Deadline): 408 while its body is
+    still arriving, 503 after. Plain ASGI around the whole app; one event loop, so the counters need no lock."""
 
-    def __init__(self, app, limit: int, max_body: int):
-        self.app, self.limit, self.max_body = app, limit, max_body
+    def __init__(self, app, limit: int, max_body: int, timeout_s: float | None = None):
+        self.app, self.limit, self.max_body, self.timeout_s = app, limit, max_body, timeout_s
         self.inflight, self.buffered, self.budget = 0, 0, limit * max_body
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
+        if not self.timeout_s:
+            return await self._admit(scope, receive, send, None)
+        deadline = _Deadline(self.timeout_s)
+        try:
+            return await self._admit(scope, receive, deadline.watch(send), deadline)
+        except asyncio.CancelledError:
+            if not deadline.fired:              # the server is stopping, or the client went away: not ours
+                raise
+            deadline.uncancel()
+            return await deadline.answer(send)
+        finally:
+            deadline.handle.cancel()
+
+    async def _admit(self, scope, receive, send, deadline: "_Deadline | None"):
         body = await self._read_body(scope, receive, send)
         if body is None:                        # answered already, or the client went away
             return None
+        if deadline is not None:
+            deadline.reading = False
         if self.inflight >= self.limit:
             return await send_error(send, 429, f"{self.inflight} requests already in progress, the limit is "
                                                f"{self.limit} (serve.max_concurrency); retry shortly",
@@ -225,6 +257,43 @@ class ConcurrencyLimit:
 
 
 _CLOSE = ((b"connection", b"close"),)     # the rest of a refused body is not read: end the connection
+
+
+class _Deadline:
+    """A request's time budget: one call_later per request (no task), which cancels the request's own task
+    when the budget passes before its answer has started. The request then gets 408 (body still arriving)
+    or 503 (decoding, inference or the answer took too long), naming serve.request_timeout_s. An engine call
+    already running in a worker thread cannot be interrupted: it finishes there, and the next call on that
+    engine waits for it, so the slot freed here does not let more work through than the engine can take."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.fired, self.started, self.reading = seconds, False, False, True
+        self.task = asyncio.current_task()
+        self.handle = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        if not self.started:                # an answer already on its way is left to finish
+            self.fired = True
+            self.task.cancel()
+
+    def watch(self, send):
+        async def watched(message):
+            if message["type"] == "http.response.start":
+                self.started = True
+            await send(message)
+        return watched
+
+    def uncancel(self) -> None:
+        if hasattr(self.task, "uncancel"):  # Python >= 3.11 counts cancellations; this one is handled
+            self.task.uncancel()
+
+    async def answer(self, send) -> None:
+        if self.reading:
+            return await send_error(send, 408, f"request not complete within {self.seconds:g} s "
+                                               "(serve.request_timeout_s): the body was still arriving", _CLOSE)
+        return await send_error(send, 503, f"request not answered within {self.seconds:g} s "
+                                           "(serve.request_timeout_s); retry later, or send a smaller input",
+                                ((b"retry-after", b"1"), *_CLOSE))
 
 
 def _replay(body: bytes, receive):

@@ -1,8 +1,10 @@
 """HTTP for the OCR system bundle: POST /ocr (a page image) → lines with boxes and scores; GET /health.
 
-Same service conventions as pipeline/serving/app.py (size-capped body, 400/413/415 with a message, one
-predictor thread, latency header): its helpers are reused, only the route differs. The flow is
-pipeline/ocr/system.read_pages, the very function the system stage gated.
+Same service conventions as pipeline/serving/predict.py (size-capped body, 400/413/415 with a message, an
+engine fault 500 in one line, one predictor thread, pages decoded on the prep pool, latency header): its
+helpers are reused, only the route differs. The flow is pipeline/ocr/system's, the very one the system stage
+gated; at most serve.max_boxes_per_page boxes of a page are read, and the answer says when it capped
+("boxes_found", "truncated").
 """
 from __future__ import annotations
 
@@ -13,20 +15,27 @@ import numpy as np
 from fastapi import Request
 
 from pipeline.core.errors import DataError, PipelineError
-from pipeline.serving.http_common import (MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer, _BadRequest, base_app,
-                     decode_refusal, image_upload, read_body)
+from pipeline.serving.http_common import (MAX_BODY_BYTES, MAX_BOXES_PER_PAGE, MAX_CONCURRENCY, MAX_PIXELS,
+                                          REQUEST_TIMEOUT_S, BackgroundServer, _BadRequest, base_app, decode_refusal,
+                                          image_upload, off_loop, read_body)
 
 
-async def _page_from_request(request, max_body: int, max_pixels: int) -> np.ndarray:
-    """The whole page, full resolution, BGR (crops are cut from it), through pipeline/imagedecode.decode_page."""
-    from pipeline.data.imagedecode import decode_page
-
+async def _page_from_request(request, max_body: int, max_pixels: int, prep: ThreadPoolExecutor) -> np.ndarray:
+    """The whole page, full resolution, BGR (crops are cut from it): the body read on the event loop, decoded
+    on the prep pool (a 16-megapixel page takes a good part of a second)."""
     body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send a page image (image/png or image/jpeg)")
     body = await image_upload(request, body, what="page")
+    return await off_loop(prep, _decode_page, body, max_pixels)
+
+
+def _decode_page(body: bytes, max_pixels: int) -> np.ndarray:
+    """pipeline/imagedecode.decode_page in colour (the PP-OCR models read BGR); refusals as _BadRequest."""
+    from pipeline.data.imagedecode import decode_page
+
     try:
-        return decode_page(body, mode="BGR", max_pixels=max_pixels)   # colour: the PP-OCR models read BGR
+        return decode_page(body, mode="BGR", max_pixels=max_pixels)
     except DataError as exc:
         raise decode_refusal(exc) from None
 
@@ -35,12 +44,14 @@ class _PageRunner:
     """Reads one page on the worker thread. With batching on (PaddleOCR's flow, measured to pay on the
     recogniser), detection runs per page and the crops of pages that wait for the recogniser together are
     recognised together (ocr/system.recognize_pages: every crop sees the input it would alone); a page
-    that finds the recogniser idle runs at once."""
+    that finds the recogniser idle runs at once. max_boxes: boxes read per page (0: all)."""
 
-    def __init__(self, det, rec, cls, spec, pool: ThreadPoolExecutor, settings: dict, max_pages: int):
+    def __init__(self, det, rec, cls, spec, pool: ThreadPoolExecutor, settings: dict, max_pages: int,
+                 max_boxes: int = 0):
         from pipeline.serving.batching import Coalescer, decide
 
         self.det, self.rec, self.cls, self.spec, self.pool = det, rec, cls, spec, pool
+        self.max_boxes = max_boxes
         if spec.paddleocr:
             shape = [int(rec.input_shape[1]), int(spec.rec_pre["height"]), int(spec.rec_pre["width"])]
             # a page alone already runs full batches of rec_batch_num crops: merging pays only beyond that
@@ -51,16 +62,17 @@ class _PageRunner:
                              "reason": "built-in (stretch) flow: each page's crops are recognised in one call"}
         self.coalescer = Coalescer(self._recognize, max_batch=max_pages) if self.batching["enabled"] else None
 
-    async def __call__(self, page: np.ndarray) -> list[dict]:
-        from pipeline.ocr.system import page_crops, page_lines, read_pages
+    async def __call__(self, page: np.ndarray) -> tuple[list[dict], int]:
+        """→ (the page's lines, boxes detected on it: more than max_boxes when it was capped)."""
+        from pipeline.ocr.system import page_crops, page_lines, read_page
 
         loop = asyncio.get_running_loop()
         if self.coalescer is None:
-            return await loop.run_in_executor(self.pool, lambda: read_pages([page], self.det, self.rec, self.spec,
-                                                                            cls=self.cls)[0])
-        pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls)
+            return await loop.run_in_executor(self.pool, read_page, page, self.det, self.rec, self.spec, self.cls,
+                                              self.max_boxes)
+        pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls, self.max_boxes)
         texts, scores = (await self.coalescer.submit(pc.crops)) if pc.crops else ([], [])
-        return page_lines(pc, texts, scores, self.spec)
+        return page_lines(pc, texts, scores, self.spec), pc.found
 
     async def _recognize(self, crop_sets: list) -> list:
         from pipeline.ocr.system import recognize_pages
@@ -72,9 +84,11 @@ class _PageRunner:
 
 def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, name: str = "ocr",
                    versions: dict | None = None, log_requests: bool = True, max_pixels: int = MAX_PIXELS,
-                   max_concurrency: int = MAX_CONCURRENCY, batching: dict | None = None):
+                   max_concurrency: int = MAX_CONCURRENCY, batching: dict | None = None,
+                   request_timeout_s: float | None = REQUEST_TIMEOUT_S, max_boxes: int = MAX_BOXES_PER_PAGE):
     """/ocr for a loaded system: (det, rec, cls or None, spec) engines, and the system bundle's infer config;
-    limits and batching as in predict.create_app_from_model. serving/app.py loads the system from its bundle."""
+    limits and batching as in predict.create_app_from_model; max_boxes: boxes read per page (0: all).
+    serving/app.py loads the system from its bundle."""
     from pipeline.core import env
     from pipeline.serving.batching import DEFAULTS
     from pipeline.serving.batching import state as batching_state
@@ -82,9 +96,10 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
     det, rec, cls, spec = system
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
     runner = _PageRunner(det, rec, cls, spec, pool, DEFAULTS if batching is None else batching,
-                         max_concurrency)
+                         max_concurrency, max_boxes)
 
-    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body,
+                   request_timeout_s=request_timeout_s)
 
     # per part: the engine and precision that run, and why (recommended / pinned / re-ranked for this CPU)
     served = {role: getattr(e, "serving", None) or {"engine": e.kind, "precision": e.effective_precision}
@@ -98,12 +113,18 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
 
     @app.post("/ocr")
     async def ocr(request: Request):
-        page = await _page_from_request(request, max_body, max_pixels)
+        page = await _page_from_request(request, max_body, max_pixels, app.state.prep)
         t0 = time.perf_counter()
-        lines = await runner(page)
-        return {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
-                "inference_ms": round((time.perf_counter() - t0) * 1e3, 3),
-                "served": {r: f"{p['engine']} {p['precision']}" for r, p in served.items()}}
+        lines, found = await runner(page)
+        answer = {"model": name, "width": int(page.shape[1]), "height": int(page.shape[0]), "lines": lines,
+                  "boxes_found": found, "truncated": bool(max_boxes) and found > max_boxes,
+                  "inference_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                  "served": {r: f"{p['engine']} {p['precision']}" for r, p in served.items()}}
+        if answer["truncated"]:
+            order = "reading order" if spec.paddleocr else "detection order"
+            answer["note"] = (f"{found} text boxes found; the first {max_boxes} in {order} were read "
+                              "(serve.max_boxes_per_page)")
+        return answer
 
     app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health"     # `serve` logs both
     app.state.batching = runner.batching

@@ -6,8 +6,10 @@ POST /predict  an image (multipart file, or a raw image/png|image/jpeg body) or 
                `?outputs=1` also returns the raw model outputs as JSON lists; `?outputs=b64` as
                {"dtype": "float32", "shape": [...], "data": base64 of the little-endian bytes}
                (the server stage's gate: a 736x736 detection map is ~5 MB of JSON numbers to write and parse).
-Bad input is answered 400/413/415 with a message, never 500. Images go through the same
-pipeline.data.preprocess path as training, so served predictions cannot drift from the gated ones.
+Bad input is answered 400/413/415 with a message, an engine fault 500 with one line. Images go through the same
+pipeline.data.preprocess path as training, so served predictions cannot drift from the gated ones. Decoding,
+pre- and post-processing run on the prep pool (http_common.off_loop) unless the input is tiny, so /health and
+the 429s of the concurrency limit answer at once whatever is being decoded.
 """
 from __future__ import annotations
 
@@ -24,20 +26,24 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.serving.batching import DEFAULTS as BATCHING, served_shape
 from pipeline.serving.batching import state as batching_state
-from pipeline.serving.http_common import (MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS, BackgroundServer,  # noqa: F401
-                                          _BadRequest, base_app, decode_refusal, image_upload, read_body)
+from pipeline.serving.http_common import (INLINE_BYTES, MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS,  # noqa: F401
+                                          REQUEST_TIMEOUT_S, BackgroundServer, _BadRequest, base_app, decode_refusal,
+                                          decodes_inline, image_upload, off_loop, read_body)
+
+INLINE_OUTPUTS = 4096      # output elements answered on the event loop; bigger (a detection map) on the prep pool
 
 
 def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 0, max_body: int = MAX_BODY_BYTES,
                           name: str | None = None, versions: dict | None = None, log_requests: bool = False,
                           max_pixels: int = MAX_PIXELS, max_concurrency: int = MAX_CONCURRENCY, engine=None,
-                          batching: dict | None = None):
+                          batching: dict | None = None, request_timeout_s: float | None = REQUEST_TIMEOUT_S):
     """App for an exported model + the infer_config structure (used by the server stage before a bundle exists).
 
     engine: an already loaded pipeline.engines.base.Engine to serve (default: Paddle Inference on model_prefix).
 
     max_pixels: images above it get 413 from their header, before decoding; max_concurrency: requests in
-    progress at once (bodies + decoded images held in memory), more get 429. log_requests: one log line per
+    progress at once (bodies + decoded images held in memory), more get 429; request_timeout_s: a request's
+    budget from its headers to its answer (408/503 past it; None: no budget). log_requests: one log line per
     request (serve.access_log); otherwise a traffic summary line per minute."""
     from fastapi.responses import Response
 
@@ -52,7 +58,9 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predictor")
     runner = _Runner(engine, pool, BATCHING if batching is None else batching,
                      served_shape(infer_cfg["input"]["shape"], infer_cfg["preprocess"])[1:])
-    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body)
+    app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body,
+                   request_timeout_s=request_timeout_s)
+    prep = app.state.prep
 
     @app.get("/health")
     async def health():
@@ -60,20 +68,26 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
                 "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
-    async def predict(request: Request):
-        x, sizes = await _read_input(request, infer_cfg, want, max_body, max_pixels)
-        t0 = time.perf_counter()
-        try:
-            out = await runner(x)
-        except DataError as exc:             # shape/dtype the engine refused
-            raise _BadRequest(400, exc.one_line()) from None
+    def answer(out: np.ndarray, sizes: list | None, how: str | None, t0: float) -> str:
         preds = task.decode(out, infer_cfg["postprocess"], sizes) if sizes else task.decode(out, infer_cfg["postprocess"])
         body = {"model": name, "task": task.name, "predictions": preds,
                 "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
-        if request.scope["query_string"]:
-            _add_outputs(body, out, request.query_params.get("outputs", "0").lower())
-        # json.dumps straight to bytes: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
-        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+        if how:
+            _add_outputs(body, out, how)
+        # json.dumps straight to a string: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
+        return json.dumps(body, separators=(",", ":"))
+
+    async def predict(request: Request):
+        x, sizes = await _read_input(request, infer_cfg, want, max_body, max_pixels, prep)
+        t0 = time.perf_counter()
+        try:
+            out = await runner(x)
+        except DataError as exc:             # shape/dtype the engine refused; other faults: http_common.fault (500)
+            raise _BadRequest(400, exc.one_line()) from None
+        how = request.query_params.get("outputs", "0").lower() if request.scope["query_string"] else None
+        args = (out, sizes, how, t0)
+        text = answer(*args) if out.size <= INLINE_OUTPUTS else await off_loop(prep, answer, *args)
+        return Response(text, media_type="application/json")
 
     # POST is answered by _HotRoutes, ahead of the router; the endpoint takes no typed parameters (FastAPI's
     # per-request dependency solving cost ~0.07 ms, measured in-process). It is registered with the router
@@ -157,17 +171,26 @@ def _probe_ms(engine) -> float | None:
     return float(np.median(times[2:]) * 1e3)
 
 
-async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int = MAX_PIXELS
+async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_pixels: int, prep
                       ) -> tuple[np.ndarray, list | None]:
-    """→ (model input, original (h, w) per image where the task maps its output back to it, else None)."""
-    from pipeline.data.preprocess import decode_image_bytes, to_tensor
-
+    """→ (model input, original (h, w) per image where the task maps its output back to it, else None).
+    The body is read on the event loop; parsing and decoding run on the prep pool unless tiny."""
     body = await read_body(request, max_body)
     if not body:
         raise _BadRequest(400, "empty request body: send an image or JSON {\"inputs\": [...]}")
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
-        return _json_tensor(body, want), None
+        x = _json_tensor(body, want) if len(body) <= INLINE_BYTES else await off_loop(prep, _json_tensor, body, want)
+        return x, None
     body = await image_upload(request, body)
+    if decodes_inline(body):
+        return _decode_input(body, infer_cfg, max_pixels)
+    return await off_loop(prep, _decode_input, body, infer_cfg, max_pixels)
+
+
+def _decode_input(body: bytes, infer_cfg: dict, max_pixels: int) -> tuple[np.ndarray, list | None]:
+    """Image bytes → (model input, [page (h, w)] for a detection task else None); refusals as _BadRequest."""
+    from pipeline.data.preprocess import decode_image_bytes, to_tensor
+
     try:
         if infer_cfg["task"] == "detection":      # boxes come back in the page's own pixels
             from pipeline.ocr.pages import decode_page, detection_input
@@ -183,8 +206,8 @@ async def _read_input(request, infer_cfg: dict, want: list, max_body: int, max_p
 def _json_tensor(body: bytes, want: list) -> np.ndarray:
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _BadRequest(400, f"body is not valid JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _BadRequest(400, f"body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict) or "inputs" not in doc:
         raise _BadRequest(400, "JSON body must be an object with an 'inputs' array")
     try:
@@ -204,10 +227,12 @@ def _json_tensor(body: bytes, want: list) -> np.ndarray:
                                f"(or {expect[1:]} for one sample)")
     if len(arr) > MAX_BATCH:
         raise _BadRequest(400, f"batch of {len(arr)} exceeds the limit of {MAX_BATCH}")
-    arr = arr.astype(np.float32)
     if not np.isfinite(arr).all():
         raise _BadRequest(400, "'inputs' contains NaN or Inf")
-    return arr
+    limit = float(np.finfo(np.float32).max)
+    if arr.dtype.kind == "f" and np.abs(arr).max() > limit:      # would become Inf as float32
+        raise _BadRequest(400, f"'inputs' holds {np.abs(arr).max():.4g}, outside the float32 range (|x| <= {limit:.4g})")
+    return arr.astype(np.float32)
 
 
 def _add_outputs(body: dict, out: np.ndarray, how: str) -> None:
