@@ -777,6 +777,48 @@ HTTP += [
 ]
 
 
+
+# ------------------------------------------------------------------------------------ serving hardening (issue 30)
+# (owned by the serving work: docs/serving_hardening.md; kept in its own block so other corpus edits merge cleanly)
+
+def _v2_raw(e: Env, first: str, headers: dict | None = None) -> dict:
+    """A KServe v2 infer body whose first data value is the raw JSON text `first` (numbers json.dumps cannot write)."""
+    body = json.dumps(_v2_doc()).replace("0.0", first, 1).encode()
+    return {"method": "POST", "url": f"/v2/models/{e.bundle.name}/infer", "content": body,
+            "headers": {"content-type": "application/json", **(headers or {})}}
+
+
+def _v2_header_len(e: Env, value: bytes) -> dict:
+    return _v2_raw(e, "0.0", {"inference-header-content-length": value})
+
+
+_HARDENING = "serve: hardening"
+HTTP += [
+    HttpCase("v2-int-400-digits", "KServe v2 data holding a 400-digit integer (was 500: OverflowError)",
+             lambda e: _v2_raw(e, "1" + "0" * 400), 400, ("outside the FP32 range",), category=_HARDENING),
+    HttpCase("v2-beyond-fp32", "KServe v2 data holding 1e39 (silently Inf as FP32)", lambda e: _v2_raw(e, "1e39"),
+             400, ("outside the FP32 range",), category=_HARDENING),
+    HttpCase("v2-header-len-superscript", "Inference-Header-Content-Length '\u00b2' (str.isdigit() says yes, int() "
+             "refuses: was 500)", lambda e: _v2_header_len(e, "\u00b2".encode("latin-1")), 400,
+             ("Inference-Header-Content-Length",), category=_HARDENING),
+    HttpCase("v2-header-len-arabic", "Inference-Header-Content-Length in Arabic-Indic digits",
+             lambda e: _v2_header_len(e, "\u0661\u0662".encode()), 400, ("Inference-Header-Content-Length",),
+             category=_HARDENING),
+    HttpCase("v2-header-len-5000-digits", "Inference-Header-Content-Length of 5000 digits (past int()'s digit limit)",
+             lambda e: _v2_header_len(e, b"9" * 5000), 400, ("Inference-Header-Content-Length",), category=_HARDENING),
+    HttpCase("predict-beyond-float32", "/predict JSON tensor holding 1e39 (silently Inf as float32)",
+             lambda e: {"method": "POST", "url": "/predict", "content": json.dumps(
+                 {"inputs": np.full((1, 32, 32), 1e39).tolist()}).encode(),
+                 "headers": {"content-type": "application/json"}}, 400, ("outside the float32 range",),
+             category=_HARDENING),
+    HttpCase("predict-json-deep", "/predict JSON body of 60000 nested '[' (was 500: RecursionError)",
+             lambda e: {"method": "POST", "url": "/predict", "content": b"[" * 60_000,
+                        "headers": {"content-type": "application/json"}}, 400, ("not valid JSON",), category=_HARDENING),
+]
+# the rest of issue 30's serving cases need a real socket, a broken engine or an OCR bundle, so they are tested in
+# tests/test_http_limits.py (30 big pages: /health answers, 429 past the slots; 503/408 past serve.request_timeout_s;
+# HEAD) and tests/test_serve.py (engine faults 500 in one line; /ocr box cap): see docs/serving_hardening.md
+
 def _folder_with(e: Env, name: str, data: bytes) -> Path:
     root = image_folder(e)
     (root / "b" / name).write_bytes(data)

@@ -266,3 +266,138 @@ def test_traffic_summary_every_interval():
         t.add(429, 2.0)
         t.flush()                          # nothing left: no empty line
     assert len(seen) == 2 and "1 requests" in seen[0] and "200×1" in seen[0] and "429×1" in seen[1], seen
+
+
+# ------------------------------------------------------------------------------------ issues 30/31: faults, KServe, /ocr
+
+def test_engine_faults_are_500_in_one_line_and_engine_refusals_400(client):
+    """An engine that crashes or raises is the server's fault: 500 with one line, no traceback, on /predict and
+    KServe v2 alike (KServe used to answer 400); a DataError from the engine is the input's: 400."""
+    from pipeline.core.errors import DataError, EngineCrash
+
+    runner = client.app.state.runner
+    name = client.get("/health").json()["model"]
+    x = np.zeros((1, 1, H, W)).tolist()
+    v2 = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, H, W], "data": np.zeros(H * W).tolist()}]}
+    engine_run, inline = runner.engine.run, runner.inline
+    runner.inline = False
+    try:
+        for exc, status, words in ((EngineCrash("paddle lite predictor died (SIGSEGV)"), 500, "SIGSEGV"),
+                                   (RuntimeError("oneDNN primitive failed\n  at line 2"), 500, "RuntimeError"),
+                                   (DataError("engine input shape [1, 1, 16, 16] refused"), 400, "refused")):
+            def broken(_x, exc=exc):
+                raise exc
+            runner.engine.run = broken
+            for r in (client.post("/predict", content=_png(_images(1)[0]), headers={"content-type": "image/png"}),
+                      client.post("/predict", json={"inputs": x}),
+                      client.post(f"/v2/models/{name}/infer", json=v2)):
+                assert r.status_code == status, r.text
+                message = r.json()["error"]
+                assert words in message and "\n" not in message and "Traceback" not in r.text, message
+    finally:
+        runner.engine.run, runner.inline = engine_run, inline
+
+
+def _v2_json(data: str) -> bytes:
+    """A KServe v2 body whose first data value is written as the raw JSON text `data`."""
+    rest = ",".join(["0.0"] * (H * W - 1))
+    return (f'{{"inputs":[{{"name":"x","datatype":"FP32","shape":[1,1,{H},{W}],"data":[{data},{rest}]}}]}}').encode()
+
+
+@pytest.mark.parametrize("data,words", [("1" + "0" * 400, "outside the FP32 range"),
+                                        ("1e39", "outside the FP32 range"),
+                                        ("-4e38", "outside the FP32 range"),
+                                        ("1e400", "NaN or Inf")])
+def test_kserve_numbers_outside_fp32_are_400(client, data, words):
+    name = client.get("/health").json()["model"]
+    r = client.post(f"/v2/models/{name}/infer", content=_v2_json(data), headers={"content-type": "application/json"})
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("value", ["\u00b2".encode("latin-1"), "\u0661\u0662".encode(), b"12x", b"-5", b"9" * 5000,
+                                   b"99999999999999999999", b""])
+def test_kserve_malformed_header_length_is_400(client, value):
+    name = client.get("/health").json()["model"]
+    r = client.post(f"/v2/models/{name}/infer", content=_v2_json("0.0"),
+                    headers={"content-type": "application/json", "inference-header-content-length": value})
+    assert r.status_code == 400 and "Inference-Header-Content-Length" in r.json()["error"], r.text
+
+
+def test_predict_json_outside_float32_and_too_deep_are_400(client):
+    r = client.post("/predict", json={"inputs": (np.ones((1, 1, H, W)) * 1e39).tolist()})
+    assert r.status_code == 400 and "outside the float32 range" in r.json()["error"]
+    r = client.post("/predict", content=b"[" * 60_000, headers={"content-type": "application/json"})   # < 64 KiB
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+
+
+class _StubDet:
+    """A 'detector' whose map has `n` separate word-sized blobs (a dense page): the real DB post-processing,
+    crops and reading order run on it. Engine-shaped: kind, input_shape, run."""
+    kind, effective_precision, input_shape = "stub", "fp32", [-1, 3, -1, -1]
+
+    def __init__(self, n: int, fail: Exception | None = None):
+        self.n, self.fail = n, fail
+
+    def run(self, x):
+        if self.fail is not None:
+            raise self.fail
+        out = np.zeros((len(x), 1, *x.shape[2:]), np.float32)
+        rows, cols = (x.shape[2] - 8) // 16, (x.shape[3] - 8) // 40
+        for k in range(min(self.n, rows * cols)):
+            r, c = divmod(k, cols)
+            out[:, 0, 8 + 16 * r:16 + 16 * r, 8 + 40 * c:38 + 40 * c] = 0.9
+        return out
+
+
+class _StubRec:
+    """A 'recogniser' reading every crop as "a" with probability 1 (its softmax output over 3 classes)."""
+    kind, effective_precision, input_shape = "stub", "fp32", [-1, 3, 48, -1]
+
+    def run(self, x):
+        out = np.zeros((len(x), max(1, x.shape[3] // 8), 3), np.float32)
+        out[:, :, 0] = 1.0
+        out[:, 0, :] = [0.0, 1.0, 0.0]
+        return out
+
+
+def _ocr_client(det, max_boxes: int):
+    from fastapi.testclient import TestClient
+
+    from pipeline.ocr.system import SystemSpec
+    from pipeline.serving.ocr_routes import create_ocr_app
+
+    spec = SystemSpec({"resize": "limit", "limit_side_len": 640, "limit_type": "max", "mean": [0.5] * 3,
+                       "std": [0.5] * 3}, {"thresh": 0.3, "box_thresh": 0.5, "unclip_ratio": 1.5,
+                                           "max_candidates": 1000},
+                      {"height": 48, "width": 320}, {"charset": ["a", "b"]})
+    app = create_ocr_app((det, _StubRec(), None, spec), {}, log_requests=False, batching={"mode": "off"},
+                         max_boxes=max_boxes)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def _page_png() -> bytes:
+    return _png(np.full((640, 640, 3), 255, np.uint8))
+
+
+def test_ocr_caps_boxes_per_page_and_says_so():
+    """serve.max_boxes_per_page: a dense page is read up to the cap, in reading order, and the answer says
+    how many boxes there were; under the cap nothing changes."""
+    with _ocr_client(_StubDet(120), max_boxes=50) as client:
+        capped = client.post("/ocr", content=_page_png(), headers={"content-type": "image/png"}).json()
+    with _ocr_client(_StubDet(120), max_boxes=0) as client:
+        full = client.post("/ocr", content=_page_png(), headers={"content-type": "image/png"}).json()
+    assert full["boxes_found"] == capped["boxes_found"] == 120 and len(full["lines"]) == 120
+    assert not full["truncated"] and "note" not in full
+    assert capped["truncated"] and len(capped["lines"]) == 50 and "serve.max_boxes_per_page" in capped["note"]
+    assert capped["lines"] == full["lines"][:50]                  # the first 50 in reading order
+    assert {ln["text"] for ln in full["lines"]} == {"a"}
+
+
+def test_ocr_engine_fault_is_500_in_one_line_and_head_health_is_200():
+    from pipeline.core.errors import EngineCrash
+
+    with _ocr_client(_StubDet(3, fail=EngineCrash("det predictor died (exit -11)")), max_boxes=10) as client:
+        r = client.post("/ocr", content=_page_png(), headers={"content-type": "image/png"})
+        head = client.head("/health")
+    assert r.status_code == 500 and "exit -11" in r.json()["error"] and "\n" not in r.json()["error"], r.text
+    assert head.status_code == 200 and head.content == b""
