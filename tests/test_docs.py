@@ -101,7 +101,7 @@ def test_every_relative_link_resolves(page):
 # Pages other work is adding to docs/ while this README was written: linked from the README's table once they land;
 # until then they may sit unlinked (any other page must be linked).
 ANNOUNCED = {"bad_inputs.md", "untrusted_models.md", "low_precision.md", "serving_choice.md", "pir_import.md",
-             "gates.md"}
+             "gates.md", "serving_hardening.md"}
 
 
 def test_every_docs_page_is_linked_from_the_readme():
