@@ -148,7 +148,7 @@ def test_ocr_page_uploads_go_through_the_decoder():
     app = base_app("t", ThreadPoolExecutor(1), max_concurrency=2, log_requests=False)
 
     async def ocr(request):
-        page = await _page_from_request(request, 4 << 20, 1 << 26)
+        page = await _page_from_request(request, 4 << 20, 1 << 26, app.state.prep)   # decoded on the prep pool
         return JSONResponse({"shape": list(page.shape), "mean": float(page.mean())})
     app.add_route("/ocr", ocr, methods=["POST"])
 
