@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from pipeline import ocr
+from pipeline.core import safe_pickle
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, require_file
 from pipeline.core.gates import Gate, evaluate_tol
 from pipeline.core.runner import Stage, StageContext, StageResult
@@ -28,7 +29,8 @@ def _save_trained(ctx, info: dict, task, prefix) -> None:
 
     from pipeline.models import imported
 
-    state = paddle.load(str(require_file(ctx.input("train", "model.pdparams"), "trained parameters", "make train")))
+    state = safe_pickle.load_state(require_file(ctx.input("train", "model.pdparams"), "trained parameters",
+                                                "make train"), "trained parameters")     # data only: no pickle code
     model, _ = imported.build(task, info["model"], info["labels_info"], load_pretrained=False)
     model.set_state_dict(state)
     model.eval()

@@ -372,11 +372,11 @@ def import_model(ctx) -> StageResult:
         prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir,
                                              {"data": data_cfg, "detection": cfg.section("detection")["detection"]})
     else:
-        prefix = imported.resolve_prefix(cfg.model.path)
+        prefix = imported.resolve_prefix(cfg.model.path, max_bytes=cfg.model.max_file_bytes)
     ds = task.load_data(data_cfg, cfg.seed)
     spec = task.preprocess_spec(data_cfg, ds.info)
     program_input = imported.check_input(prefix, spec, task.name)
-    model = paddle.jit.load(str(prefix))
+    model = imported.load_program(prefix)       # never reads a .pdiparams.info (a pickle) beside the files
     model.eval()
     first = to_tensor(ds.val.images[:4], spec)
     shape = _import_forward(model, first, task, prefix)

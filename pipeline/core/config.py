@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -15,6 +16,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.core import safe_yaml
 from pipeline.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,16 @@ class RunCfg(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     quiet: bool
     threads: int = Field(ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_of_its_own(cls, v: str) -> str:
+        # "." is run.root itself (its train stage replaced another run's runs/train), ".." the checkout;
+        # names starting with "." are the runner's own (.work, .lock, .tmp-*)
+        if v.startswith("."):
+            raise ValueError(f"run.name {v!r} would not be a folder of its own under run.root (it names run.root, "
+                             "its parent, or a hidden folder): use letters, digits, '_', '-' and '.' not first")
+        return v
 
 
 class DataCfg(Section):
@@ -54,6 +66,8 @@ class DataCfg(Section):
     fonts: list[str]
     on_bad_sample: Literal["error", "skip"]
     cache_dir: str
+    max_text_bytes: int = PosInt
+    max_text_lines: int = PosInt
 
 
 class ModelCfg(Section):
@@ -63,6 +77,7 @@ class ModelCfg(Section):
     path: Optional[str]
     pretrained: Optional[str]
     allow_partial: bool
+    max_file_bytes: int = PosInt
 
     @model_validator(mode="after")
     def _inference_needs_a_path(self):
@@ -386,6 +401,44 @@ class Config(Section):
         return self.model_dump(mode="json")
 
 
+OUTPUT_ROOTS = ("run.root", "bundle.root", "data.cache_dir")
+INPUT_PATHS = ("data.path", "data.val_path", "data.charset", "model.path", "model.pretrained", "regression.baseline",
+               "verify.trust_key", "bundle.sign_key")
+
+
+def _abs(path: str) -> Path:
+    p = Path(path).expanduser()
+    return Path(os.path.abspath(p if p.is_absolute() else ROOT / p))
+
+
+def _get(cfg, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def confine_paths(cfg) -> None:
+    """Folders a run writes (and replaces stage folders in) hold nothing else: an output root that is the file
+    system root, the home folder, the checkout or one of its parents is refused, and so is an input that lies
+    inside this run's own folder (its stages replace it) or that contains it."""
+    home = Path(os.path.abspath(Path.home()))
+    for key in OUTPUT_ROOTS:
+        p = _abs(_get(cfg, key))
+        if p == Path(p.anchor) or p == home or ROOT.is_relative_to(p):
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is {p}, a folder that holds more than this pipeline's "
+                              "outputs: runs write (and replace stage folders) there",
+                              hint=f"set {key} to a folder of its own, such as the default in configs/defaults.yaml")
+    run_dir = _abs(str(cfg.run_dir))
+    for key in INPUT_PATHS:
+        value = _get(cfg, key)
+        if not value:
+            continue
+        p = _abs(value)
+        if p.is_relative_to(run_dir) or run_dir.is_relative_to(p):
+            raise ConfigError(f"{key}={value!r} {'lies inside' if p.is_relative_to(run_dir) else 'contains'} "
+                              f"this run's own folder {run_dir}, which its stages replace",
+                              hint="copy it elsewhere, or give this run another run.name")
+
+
 _HASHED: dict[tuple, str] = {}
 
 
@@ -437,10 +490,10 @@ def _plain(value):
 # ---------------------------------------------------------------- loading
 
 def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}", hint="pass an existing file with CONFIG=... or -c")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = safe_yaml.read(path) or {}       # UTF-8 whatever the locale; alias bombs, depth, duplicate keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -543,7 +596,7 @@ def parse_override(item: str) -> dict:
     if not key or any(not p for p in key.split(".")):
         raise ConfigError(f"override '{item}' has an empty key", hint="e.g. -o train.epochs=3")
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = safe_yaml.loads(raw, f"override '{item}'") if raw != "" else None
     except yaml.YAMLError:
         if raw.lstrip().startswith(("{", "[")):
             raise ConfigError(f"override '{item}': the value is not valid YAML",
@@ -567,7 +620,7 @@ def load_config(paths: list[str | Path] | None = None, overrides: list[str] | No
     for item in overrides or []:
         tree = _merge(tree, parse_override(item), f"-o {item}")
     try:
-        return Config.model_validate(tree)
+        cfg = Config.model_validate(tree)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -576,6 +629,8 @@ def load_config(paths: list[str | Path] | None = None, overrides: list[str] | No
         more = f" [+{len(exc.errors()) - 1} more]" if len(exc.errors()) > 1 else ""
         raise ConfigError(f"config key '{where}': {err['msg']}{got_s}{more}",
                           hint="see configs/defaults.yaml for the allowed values") from None
+    confine_paths(cfg)
+    return cfg
 
 
 def save_resolved(cfg: Config, path: Path) -> None:

@@ -11,6 +11,7 @@ charset file: one character per line (PaddleOCR's `character_dict_path`).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -22,11 +23,33 @@ from pipeline.data.imagefolder import check_on_bad, read_image
 T = TypeVar("T")
 
 
-def _read_text(path: Path, what: str) -> str:
+MAX_BYTES = 256 << 20        # data.max_text_bytes / data.max_text_lines in configs/defaults.yaml
+MAX_LINES = 5_000_000
+
+
+def text_limits(cfg: dict) -> dict:
+    """data.max_text_bytes / data.max_text_lines as keyword arguments of the readers below."""
+    return {"max_bytes": int(cfg.get("max_text_bytes") or MAX_BYTES),
+            "max_lines": int(cfg.get("max_text_lines") or MAX_LINES)}
+
+
+def _read_text(path: Path, what: str, max_bytes: int = MAX_BYTES, max_lines: int = MAX_LINES) -> str:
+    """The file's text, refused before reading when it is not a regular file (a FIFO would block for ever,
+    /dev/zero never ends) or is over the limits."""
     key = "data.charset" if what.startswith("charset") else "data.path / data.val_path"
     try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError(f"{what} {path} is not a regular file (a FIFO, socket or device)",
+                            hint=f"check {key}: give a text file")
+        if st.st_size > max_bytes:
+            raise DataError(f"{what} {path} is {st.st_size} bytes, over data.max_text_bytes={max_bytes}",
+                            hint="raise data.max_text_bytes if the file is genuine")
         # utf-8-sig: a BOM written by Windows editors must not become part of the first path
-        return path.read_text(encoding="utf-8-sig")
+        with open(path, "rb") as f:
+            text = f.read(max_bytes + 1).decode("utf-8-sig")
     except FileNotFoundError:
         raise DataError(f"{what} {path} does not exist", hint=f"check {key}") from None
     except IsADirectoryError:
@@ -36,9 +59,14 @@ def _read_text(path: Path, what: str) -> str:
                         hint="re-save it as UTF-8") from None
     except OSError as exc:
         raise DataError(f"{what} {path} cannot be read: {exc}", hint=f"check {key} and its permissions") from None
+    lines = text.count("\n") + 1
+    if lines > max_lines:
+        raise DataError(f"{what} {path} has {lines} lines, over data.max_text_lines={max_lines}",
+                        hint="raise data.max_text_lines if the file is genuine")
+    return text
 
 
-def load_charset(path: str | os.PathLike) -> str:
+def load_charset(path: str | os.PathLike, **limits) -> str:
     """One character per line → the charset string (order = class order, blank excluded).
 
     Only the line break is stripped, so a line holding a single space means the space
@@ -47,7 +75,7 @@ def load_charset(path: str | os.PathLike) -> str:
     p = Path(path)
     chars: list[str] = []
     first_line: dict[str, int] = {}
-    lines = _read_text(p, "charset file").split("\n")
+    lines = _read_text(p, "charset file", **limits).split("\n")
     if lines and lines[-1] == "":
         lines.pop()    # the final newline ends the last line, it does not start an empty one
     for lineno, raw in enumerate(lines, 1):
@@ -97,7 +125,7 @@ def _check_line(line: str, charset: str, max_len: int | None) -> tuple[str, str]
 
 
 def read_label_lines(path: Path, what: str, on_bad: str, parse: Callable[[str], T], *, unit: str,
-                     line_format: str) -> tuple[list[T], int]:
+                     line_format: str, limits: dict | None = None) -> tuple[list[T], int]:
     """Every non-blank line of a label file through parse(line) → (records, skipped).
 
     parse raises ValueError for a bad line: DataError naming `file:line`, or with on_bad="skip" the line
@@ -105,7 +133,7 @@ def read_label_lines(path: Path, what: str, on_bad: str, parse: Callable[[str], 
     check_on_bad(on_bad)
     records: list[T] = []
     skipped = 0
-    for lineno, raw in enumerate(_read_text(path, what).split("\n"), 1):
+    for lineno, raw in enumerate(_read_text(path, what, **(limits or {})).split("\n"), 1):
         line = raw.rstrip("\r")
         if not line.strip():
             continue
@@ -124,7 +152,7 @@ def read_label_lines(path: Path, what: str, on_bad: str, parse: Callable[[str], 
 
 def load_label_file(path: str | os.PathLike, charset: str, height: int, width: int,
                     on_bad: str = "error", max_len: int | None = None,
-                    spec: dict | None = None) -> tuple[np.ndarray, list[str], int]:
+                    spec: dict | None = None, limits: dict | None = None) -> tuple[np.ndarray, list[str], int]:
     """Read a PaddleOCR rec label file → (uint8 [N, H, W], labels, skipped).
 
     Each bad line (missing TAB, empty label, unknown characters, too long, missing or
@@ -142,5 +170,5 @@ def load_label_file(path: str | os.PathLike, charset: str, height: int, width: i
             raise ValueError(exc.message) from None
 
     records, skipped = read_label_lines(p, "label file", on_bad, parse, unit="samples",
-                                        line_format="'image_path<TAB>label'")
+                                        line_format="'image_path<TAB>label'", limits=limits)
     return np.stack([r[0] for r in records]).astype(np.uint8), [r[1] for r in records], skipped

@@ -8,15 +8,18 @@ reach its `_is_test`, so it keeps running the inference program (BatchNorm stati
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
-from pipeline.core.errors import ConfigError
+from pipeline.core import safe_pickle, safe_yaml, tempdirs
+from pipeline.core.errors import ConfigError, IntegrityError
 
 SUFFIXES = (".pdmodel", ".pdiparams")
 
 
-def resolve_prefix(path: str | Path, key: str = "model.path") -> Path:
-    """A folder holding inference.pdmodel/.pdiparams, their path prefix, or either file → the prefix."""
+def resolve_prefix(path: str | Path, key: str = "model.path", max_bytes: int | None = None) -> Path:
+    """A folder holding inference.pdmodel/.pdiparams, their path prefix, or either file → the prefix, its files
+    checked (check_files) before Paddle reads them."""
     p = Path(path)
     if p.suffix in SUFFIXES:
         p = p.with_suffix("")
@@ -25,7 +28,22 @@ def resolve_prefix(path: str | Path, key: str = "model.path") -> Path:
     if missing:
         raise ConfigError(f"{key} {path}: no exported model there ({missing[0]} not found)",
                           hint=f"set {key} to the folder of inference.pdmodel/.pdiparams or their path prefix")
+    check_files(prefix, max_bytes)
     return prefix
+
+
+def check_files(prefix: Path, max_bytes: int | None) -> None:
+    """Sizes within model.max_file_bytes, a parseable program, and a parameter stream whose every declared
+    tensor fits in the file and whose count is the program's: Paddle itself trusts all of these."""
+    from pipeline.engines import params_file, program
+
+    model = Path(str(prefix) + ".pdmodel")
+    if max_bytes is not None and model.stat().st_size > max_bytes:
+        raise IntegrityError(f"{model} is {model.stat().st_size} bytes, over the limit of {max_bytes}",
+                             hint="raise model.max_file_bytes if the file is genuine")
+    block = program.parse(model).blocks[0]
+    params = sum(1 for v in block.vars if v.persistable and v.name not in program.FEED_FETCH)
+    params_file.check(str(prefix) + ".pdiparams", max_bytes, expect=params)
 
 
 def is_inference_model(path: str | Path) -> bool:
@@ -48,16 +66,15 @@ def file_hashes(prefix: Path) -> dict[str, str]:
 
 def inference_yml(prefix: Path) -> dict | None:
     """PaddleOCR writes inference.yml beside its export (PreProcess / PostProcess); read it as hints."""
-    import yaml
-
     f = prefix.parent / "inference.yml"
     if not f.is_file():
         return None
-    try:
-        doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{f} is not readable YAML ({type(exc).__name__})", hint="fix or remove it") from None
+    doc = safe_yaml.read(f, "model file") or {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{f} must hold a mapping (PreProcess:, PostProcess:), got a {type(doc).__name__}",
+                          hint="fix or remove it (it is read as hints only)")
     post = doc.get("PostProcess") or {}
+    post = post if isinstance(post, dict) else {}
     chars = post.get("character_dict") or []
     return {"file": f.name, "preprocess": doc.get("PreProcess"), "postprocess_name": post.get("name"),
             "dictionary_size": len(chars) if isinstance(chars, list) else None}
@@ -142,22 +159,32 @@ def trainable(prefix: Path):
                 out.stop_gradient = False                # else backward stops here: no weight moves
             return out
 
-    return TrainableProgram(paddle.jit.load(str(prefix)))
+    return TrainableProgram(load_program(prefix))
 
 
-def load_params(model, path: str | Path, allow_partial: bool) -> dict:
-    """Load a .pdparams by parameter name; report missing, unexpected and shape-mismatched keys and
-    refuse a partial load unless model.allow_partial (PaddleOCR's load_pretrained_params does the same)."""
+def load_program(prefix: Path):
+    """paddle.jit.load of the program and its parameters only. jit.load also unpickles `<prefix>.pdiparams.info`
+    when one lies beside them (code, if crafted): the two files it needs are copied into a scratch folder first,
+    so a user's .info is never read. Without it the loaded layer names its parameters by program variable names."""
     import paddle
 
+    with tempdirs.directory("jit-load") as scratch:
+        copy = Path(scratch) / "inference"
+        for s in SUFFIXES:
+            shutil.copyfile(str(prefix) + s, str(copy) + s)
+        return paddle.jit.load(str(copy))
+
+
+def load_params(model, path: str | Path, allow_partial: bool, max_bytes: int | None = None) -> dict:
+    """Load a .pdparams by parameter name; report missing, unexpected and shape-mismatched keys and
+    refuse a partial load unless model.allow_partial (PaddleOCR's load_pretrained_params does the same)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"model.pretrained {p} does not exist", hint="a .pdparams file or an inference model folder")
-    try:
-        state = paddle.load(str(p))
-    except Exception as exc:                 # pickle/protobuf errors: not a parameter file
-        raise ConfigError(f"model.pretrained {p} is not a Paddle parameter file ({type(exc).__name__})",
-                          hint="save it with paddle.save(layer.state_dict(), path)") from None
+    state = safe_pickle.load_state(p, "model.pretrained", max_bytes)     # data only: a pickle runs no code here
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise IntegrityError(f"model.pretrained {p} holds a {type(state).__name__}, not a state dict of named "
+                             "parameters", hint="save it with paddle.save(layer.state_dict(), path)")
     own = model.state_dict()
     report = {"missing": sorted(set(own) - set(state)), "unexpected": sorted(set(state) - set(own)),
               "shape_mismatch": sorted(k for k in set(own) & set(state)
@@ -177,10 +204,12 @@ def build(task, model_cfg: dict, info: dict, load_pretrained: bool = True):
     or the builder's Layer with model.pretrained .pdparams loaded by name → (layer, report or None)."""
     pre = model_cfg.get("pretrained")
     if pre and is_inference_model(pre):
-        return trainable(resolve_prefix(pre, "model.pretrained")), {"kind": "inference program", "path": str(pre)}
+        prefix = resolve_prefix(pre, "model.pretrained", model_cfg.get("max_file_bytes"))
+        return trainable(prefix), {"kind": "inference program", "path": str(pre)}
     model = task.build_model(model_cfg, info)
     if pre and load_pretrained:
-        return model, {"kind": "pdparams", "path": str(pre), **load_params(model, pre, model_cfg["allow_partial"])}
+        return model, {"kind": "pdparams", "path": str(pre), **load_params(model, pre, model_cfg["allow_partial"],
+                                                                            model_cfg.get("max_file_bytes"))}
     return model, None
 
 

@@ -74,10 +74,10 @@ class DetectionTask:
 
     @staticmethod
     def _charset(cfg: dict) -> str:
-        from pipeline.data.labelfile import load_charset
+        from pipeline.data.labelfile import load_charset, text_limits
         from pipeline.data.textlines import DEFAULT_CHARSET
 
-        return load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+        return load_charset(cfg["charset"], **text_limits(cfg)) if cfg.get("charset") else DEFAULT_CHARSET
 
     # ------------------------------------------------------------------ model + loss
     def build_model(self, model_cfg: dict, info: dict):

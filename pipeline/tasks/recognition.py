@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.labelfile import load_charset, load_label_file
+from pipeline.data.labelfile import load_charset, load_label_file, text_limits
 from pipeline.data.textlines import DEFAULT_CHARSET, load_or_render
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.ocr.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
@@ -38,7 +38,7 @@ def log_probs(outputs: np.ndarray) -> np.ndarray:
 def charset_of(cfg: dict) -> str:
     """The charset file (or the built-in one), plus PaddleOCR's appended space with data.use_space_char
     (CTCLabelDecode: blank at 0, dictionary, then " ")."""
-    charset = load_charset(cfg["charset"]) if cfg.get("charset") else DEFAULT_CHARSET
+    charset = load_charset(cfg["charset"], **text_limits(cfg)) if cfg.get("charset") else DEFAULT_CHARSET
     if cfg.get("use_space_char") and " " not in charset:
         charset += " "
     return charset
@@ -148,7 +148,7 @@ class RecognitionTask:
             if not cfg.get("path"):
                 raise ConfigError("data.source is 'folder' but data.path (the label file) is empty")
             read = dict(charset=charset, height=height, width=width, on_bad=cfg["on_bad_sample"],
-                        max_len=max_len, spec=data_spec(cfg))
+                        max_len=max_len, spec=data_spec(cfg), limits=text_limits(cfg))
             images, labels, skipped["train"] = load_label_file(cfg["path"], **read)
             if cfg.get("val_path"):
                 train = (images, labels)
@@ -164,7 +164,8 @@ class RecognitionTask:
         train, val = (_like(train[0], color), train[1]), (_like(val[0], color), val[1])
         if source != "folder" and cfg.get("val_path"):      # real labelled lines next to the rendered ones
             vi, vl, skipped["val"] = load_label_file(cfg["val_path"], charset=charset, height=height, width=width,
-                                                     on_bad=cfg["on_bad_sample"], max_len=max_len, spec=data_spec(cfg))
+                                                     on_bad=cfg["on_bad_sample"], max_len=max_len, spec=data_spec(cfg),
+                                                     limits=text_limits(cfg))
             val = (np.concatenate([vi, val[0]]), [*vl, *val[1]])
         if len(train[1]) == 0 or len(val[1]) == 0:
             raise DataError(f"recognition needs non-empty train and validation sets, got "

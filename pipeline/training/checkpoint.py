@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline.core import safe_pickle
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, sha256_file
 
 log = logging.getLogger("pipeline")
@@ -136,6 +137,19 @@ def read_meta(folder: Path) -> dict | None:
         return None
 
 
+def _tensors(obj, paddle):
+    """numpy arrays back to Tensors, as paddle.load returns them (the optimizer's set_state_dict expects them)."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return paddle.to_tensor(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _tensors(v, paddle)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_tensors(v, paddle) for v in obj]
+    return obj
+
+
 def load(folder: Path, key: str) -> tuple[dict, dict] | None:
     """(states, meta) of the current checkpoint when it was made by this exact config and is intact.
 
@@ -154,7 +168,7 @@ def load(folder: Path, key: str) -> tuple[dict, dict] | None:
         if not f.is_file() or sha256_file(f) != rec["sha256"]:
             log.warning("[train] checkpoint %s is damaged (%s); starting over", path, rec["file"])
             return None
-        states[part] = paddle.load(str(f))
+        states[part] = _tensors(safe_pickle.load_state(f, "checkpoint file"), paddle)   # data only, as paddle.load
     for part, target in meta.get("aliases", {}).items():
         states[part] = states[target]
     return states, meta
