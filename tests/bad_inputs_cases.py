@@ -958,8 +958,6 @@ VERIFY += [
 ]
 
 
-CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE
-ALL = CLI_CASES + HTTP + PROC
 
 
 def table() -> str:
@@ -979,3 +977,227 @@ def table() -> str:
         what, answer = c.what.replace("|", "\\|"), answer.replace("|", "\\|")
         lines.append(f"| {i} | {c.category} | `{c.id}` | {what} | {answer} |")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------ untrusted model files
+# Each malicious file runs `touch <marker>` if anything unpickles it the way paddle.load does (pickle.load);
+# the marker must never appear. Built at run time: no payload is committed.
+
+MARKER = "PWNED"
+
+
+class _Call:
+    """An object whose pickle is a call of fn(*args): the classic __reduce__ payload."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _touch(marker: Path) -> _Call:
+    return _Call(os.system, f"touch {marker}")
+
+
+def small_state() -> dict:
+    """What paddle.save(layer.state_dict()) holds: names -> float32 arrays (+ Paddle's name table)."""
+    rng = np.random.default_rng(0)
+    return {"fc.weight": rng.standard_normal((4, 3)).astype(np.float32), "fc.bias": np.zeros(3, np.float32),
+            "StructuredToParameterName@@": {"fc.weight": "linear_0.w_0", "fc.bias": "linear_0.b_0"}}
+
+
+def evil_pdparams(kind: str, marker: Path) -> bytes:
+    """A .pdparams whose unpickling runs the payload: at the top, inside a dict value, inside a list, as an
+    object-dtype array, or stealthily (runs, then yields the real weights: paddle.load returns them)."""
+    import pickle
+
+    state = small_state()
+    if kind == "reduce":
+        return pickle.dumps(_touch(marker), protocol=2)
+    if kind == "nested-dict":
+        return pickle.dumps({**state, "fc.weight": _touch(marker)}, protocol=4)
+    if kind == "nested-list":
+        return pickle.dumps({**state, "extra": [1, (2, [_touch(marker)])]}, protocol=4)
+    if kind == "object-array":
+        return pickle.dumps({**state, "fc.bias": np.array([_touch(marker)], dtype=object)}, protocol=4)
+    if kind == "eval":
+        return pickle.dumps(_Call(eval, f"__import__('os').system('touch {marker}')"), protocol=2)
+    if kind == "stealthy":      # GLOBAL posix.system, call it, POP the result, then the genuine state dict
+        call = b"c" + os.system.__module__.encode() + b"\nsystem\n(V" + f"touch {marker}".encode() + b"\ntR0"
+        return b"\x80\x02" + call + pickle.dumps(state, protocol=2)[2:]
+    raise ValueError(kind)
+
+
+EVIL_KINDS = ("reduce", "nested-dict", "nested-list", "object-array", "eval", "stealthy")
+
+
+def _evil_pretrained(e: Env, kind: str) -> list[str]:
+    path = e.write(f"{kind}.pdparams", evil_pdparams(kind, e.tmp / MARKER))
+    return ["run", "train", *e.smoke(f"model.pretrained={path}", root=e.tmp / "runs")]
+
+
+def tiny_program(folder: Path) -> Path:
+    """A small exported classifier ([N, 1, 32, 32] -> [N, 36], the smoke data) -> its folder."""
+    import paddle
+    from paddle.static import InputSpec
+
+    folder.mkdir(parents=True, exist_ok=True)
+    layer = paddle.nn.Sequential(paddle.nn.Conv2D(1, 4, 3, padding=1), paddle.nn.AdaptiveAvgPool2D(1),
+                                 paddle.nn.Flatten(), paddle.nn.Linear(4, 36))
+    layer.eval()
+    paddle.jit.save(layer, str(folder / "inference"), input_spec=[InputSpec([None, 1, 32, 32], "float32", "x")])
+    return folder
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def damaged_params(e: Env, how: str) -> Path:
+    """A tiny export whose .pdiparams is truncated, declares a huge tensor, or has a broken header."""
+    folder = tiny_program(e.tmp / "model")
+    p = folder / "inference.pdiparams"
+    raw = bytearray(p.read_bytes())
+    if how == "truncated":
+        raw = raw[:len(raw) - 7]
+    elif how == "huge":          # first tensor's first dim -> 2^40 (protobuf varint), the file stays small
+        desc_len = struct.unpack("<i", raw[16:20])[0]
+        dims = _varint(1 << 40) + _varint(3)
+        new = b"\x08\x05" + b"\x12" + bytes([len(dims)]) + dims      # float32, packed dims [2^40, 3]
+        raw[16:20 + desc_len] = struct.pack("<i", len(new)) + new
+    elif how == "garbage":
+        raw[0:4] = b"\xde\xad\xbe\xef"
+    p.write_bytes(bytes(raw))
+    return folder
+
+
+def _import(e: Env, folder: Path) -> list[str]:
+    return ["run", "train", *e.smoke("model.source=inference", f"model.path={folder}", root=e.tmp / "runs")]
+
+
+def _yml_not_mapping(e: Env) -> Path:
+    folder = tiny_program(e.tmp / "model")
+    (folder / "inference.yml").write_text("- PreProcess\n- PostProcess\n")
+    return folder
+
+
+def fifo(e: Env, name: str) -> Path:
+    p = e.tmp / name
+    os.mkfifo(p)
+    return p
+
+
+def alias_bomb() -> str:
+    """718 bytes in the issue; this one is ~340: nine levels of nine aliases = 9^9 leaves when walked."""
+    text = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        text += f"{cur}: &{cur} [{', '.join(['*' + prev] * 9)}]\n"
+    return text
+
+
+def _rec(e: Env, *over: str, root: Path | None = None) -> list[str]:
+    return ["run", "train", *e.smoke("task=recognition", "model.name=crnn", "data.width=128", "data.num_train=64",
+                                     "data.num_val=16", *over, root=root or e.tmp / "runs")]
+
+
+def _other_run(e: Env) -> Path:
+    """A run.root holding another run ('train', with a stage output) that run.name=. would have replaced."""
+    root = e.tmp / "runs"
+    shutil.copytree(e.base / "runs" / "smoke" / "train", root / "train" / "train")
+    return root
+
+
+UNTRUSTED = [
+    *[CliCase(f"pdparams-{k}", "untrusted model files", f"model.pretrained .pdparams with a pickle payload ({k})",
+              lambda e, k=k: _evil_pretrained(e, k), ("refused", f"{k}.pdparams", "was not run"), absent=(MARKER,))
+      for k in EVIL_KINDS],
+    CliCase("pdparams-not-pickle", "untrusted model files", "model.pretrained .pdparams that is random bytes",
+            lambda e: ["run", "train", *e.smoke(f"model.pretrained={e.write('w.pdparams', os.urandom(256))}",
+                                                root=e.tmp / "runs")], ("w.pdparams", "not a Paddle parameter file")),
+    CliCase("pdparams-list", "untrusted model files", "model.pretrained .pdparams holding a list, not a state dict",
+            lambda e: ["run", "train", *e.smoke(f"model.pretrained={e.write('l.pdparams', __import__('pickle').dumps([1, 2]))}",
+                                                root=e.tmp / "runs")], ("l.pdparams", "not a state dict")),
+    CliCase("pdparams-fifo", "untrusted model files", "model.pretrained that is a FIFO (hung before)",
+            lambda e: ["run", "train", *e.smoke(f"model.pretrained={fifo(e, 'w.pdparams')}", root=e.tmp / "runs")],
+            ("w.pdparams", "not a regular file")),
+    CliCase("pdiparams-truncated", "untrusted model files", "imported program whose .pdiparams is cut short",
+            lambda e: _import(e, damaged_params(e, "truncated")), ("inference.pdiparams", "truncated")),
+    CliCase("pdiparams-huge", "untrusted model files", "imported .pdiparams declaring a 2^40-element tensor",
+            lambda e: _import(e, damaged_params(e, "huge")), ("inference.pdiparams", "tensor #0", "remain")),
+    CliCase("pdiparams-garbage", "untrusted model files", "imported .pdiparams with a damaged tensor header",
+            lambda e: _import(e, damaged_params(e, "garbage")), ("inference.pdiparams", "not a Paddle tensor")),
+    CliCase("inference-yml-list", "untrusted model files", "imported model whose inference.yml is a list",
+            lambda e: _import(e, _yml_not_mapping(e)), ("inference.yml", "must hold a mapping")),
+    CliCase("model-max-bytes", "untrusted model files", "imported program over model.max_file_bytes",
+            lambda e: [*_import(e, tiny_program(e.tmp / "model")), "-o", "model.max_file_bytes=100"],
+            ("over the limit of 100", "model.max_file_bytes")),
+    CliCase("charset-fifo", "data", "charset file that is a FIFO (hung silently)",
+            lambda e: _rec(e, f"data.charset={fifo(e, 'dict.txt')}"), ("dict.txt", "not a regular file")),
+    CliCase("charset-device", "data", "charset file /dev/zero (grew past 1.5 GB)",
+            lambda e: _rec(e, "data.charset=/dev/zero"), ("/dev/zero", "not a regular file")),
+    CliCase("charset-huge", "data", "charset file over data.max_text_bytes",
+            lambda e: _rec(e, f"data.charset={e.write('dict.txt', 'A' * 5000)}", "data.max_text_bytes=1000"),
+            ("dict.txt", "data.max_text_bytes=1000")),
+    CliCase("labelfile-fifo", "data", "recognition label file that is a FIFO",
+            lambda e: _rec(e, "data.source=folder", f"data.path={fifo(e, 'gt.txt')}"), ("gt.txt", "not a regular file")),
+    CliCase("labelfile-lines", "data", "recognition label file over data.max_text_lines",
+            lambda e: _rec(e, "data.source=folder", f"data.path={e.write('gt.txt', 'a.png' + chr(9) + 'A' + chr(10) * 50)}",
+                           "data.max_text_lines=10"), ("gt.txt", "data.max_text_lines=10")),
+]
+
+CONFIG += [
+    CliCase("config-alias-bomb", "config file", "a YAML alias bomb (passed 2 GB in 31 s)",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", alias_bomb()))], ("c.yaml", "alias bomb")),
+    CliCase("config-deep", "config file", "a 5000-deep nested list (RecursionError traceback)",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "x: " + "[" * 5000 + "]" * 5000))],
+            ("c.yaml", "nesting deeper than")),
+    CliCase("config-duplicate-key", "config file", "a duplicate train: block (the first was silently dropped)",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "train:\n  epochs: 3\nseed: 1\ntrain:\n  lr: 0.1\n"))],
+            ("'train' appears twice", "lines 1 and 4")),
+    CliCase("config-not-utf8", "config file", "a Latin-1 config (UnicodeDecodeError traceback)",
+            lambda e: ["run", "train", "-c", str(e.write("c.yaml", "run:\n  name: caf\xe9\n".encode("latin-1")))],
+            ("c.yaml", "not UTF-8", "line 2")),
+    CliCase("config-fifo", "config file", "a config that is a FIFO", lambda e: ["run", "train", "-c", str(fifo(e, "c.yaml"))],
+            ("c.yaml", "not a regular file")),
+    CliCase("override-alias-bomb", "O= string", "an alias bomb inside -o model.args={...}",
+            lambda e: ["run", "train", *e.smoke("model.args={a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                                "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+                                                "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d], f: [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]}")],
+            ("alias bomb",)),
+    _cfg("run-name-dot", "run.name=. (made run.root the run folder: replaced another run's runs/train)", "run.name=.",
+         "run.name", "run.root"),
+    _cfg("run-name-dotdot", "run.name=.. (wrote .lock, .work/ and train.failed/ into the checkout)", "run.name=..",
+         "run.name"),
+    _cfg("run-name-hidden", "run.name=.work (the runner's own folder names)", "run.name=.work", "run.name"),
+    _cfg("run-name-empty", "run.name empty", "run.name=''", "run.name"),
+    _cfg("run-name-slashes", "run.name=a/../..", "run.name=a/../..", "run.name"),
+    _cfg("run-root-checkout", "run.root=. (the checkout itself)", "run.root=.", "run.root", "a folder of its own"),
+    _cfg("run-root-slash", "run.root=/", "run.root=/", "run.root"),
+    _cfg("bundle-root-parent", "bundle.root=.. (the checkout's parent)", "bundle.root=..", "bundle.root"),
+    _cfg("cache-home", "data.cache_dir=~ (the home folder)", "data.cache_dir=~", "data.cache_dir"),
+]
+
+STAGES += [
+    CliCase("run-inside-input", "run: stages", "model.pretrained inside this run's own folder (its stages replace it)",
+            lambda e: ["run", "train", *e.smoke(f"model.pretrained={e.tmp / 'runs' / 'smoke' / 'train' / 'model.pdparams'}",
+                                                root=e.tmp / "runs")], ("model.pretrained", "this run's own folder")),
+    CliCase("stage-folder-foreign", "run: stages", "a run whose stage folder exists but was not made by the pipeline",
+            lambda e: ["run", "train", *e.smoke(root=_foreign_stage_folder(e))], ("train", "not made by this pipeline")),
+]
+
+
+def _foreign_stage_folder(e: Env) -> Path:
+    root = e.tmp / "runs"
+    (root / "smoke" / "train").mkdir(parents=True)
+    (root / "smoke" / "train" / "notes.txt").write_text("mine")
+    return root
+
+
+CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE + UNTRUSTED
+ALL = CLI_CASES + HTTP + PROC

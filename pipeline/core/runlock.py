@@ -1,6 +1,7 @@
 """One writer per run folder.
 
-`Runner.run` holds `<run>/.lock` (fcntl.flock, exclusive, non-blocking) for as long as it runs: a second
+`Runner.run` holds the run folder (fcntl.flock of the folder itself, exclusive, non-blocking; `<run>/.lock`
+names the holder) for as long as it runs: a second
 run into the same folder refuses at once with one line naming the holder (pid, host, command, since when)
 instead of both printing OK and the last one silently replacing the other's outputs. Refusing, not
 waiting: a nightly or a user that collides with another run has picked the wrong run.name, and waiting
@@ -60,8 +61,35 @@ def _holder(path: Path) -> str:
         return "another process"
 
 
+def _lock_fd(run_dir: Path, path: Path) -> int:
+    """An fd of the run folder itself, flocked: deleting the .lock file cannot free it (a lock on the file
+    alone could be stolen by `rm .lock`: the next run locks a new file). Where folders cannot be flocked
+    (some network file systems), the .lock file's own flock."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+            raise
+        except OSError:
+            os.close(fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)     # the umask decides, as for any file
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        raise storage_error("run", exc, exc.filename or path) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def acquire(run_dir: Path):
-    """The open, locked lock file (close it to release); None when the ranks' parent holds it.
+    """The open, locked run folder (close it to release); None when the ranks' parent holds it.
     Raises RunLocked naming the holder, or StorageError when the folder cannot be written."""
     run_dir = Path(run_dir)
     if os.environ.get(ENV) == str(run_dir.resolve()):
@@ -69,19 +97,21 @@ def acquire(run_dir: Path):
     path = run_dir / LOCK_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)     # the umask decides, as for any file
     except OSError as exc:
-        raise storage_error("run", exc, exc.filename or path) from None
+        raise storage_error("run", exc, exc.filename or run_dir) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = _lock_fd(run_dir, path)
     except BlockingIOError:
-        os.close(fd)
         raise RunLocked(f"run folder {run_dir} is in use by {_holder(path)}",
                         hint="wait for it to finish, or give this run another run.name") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:300],
             "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    os.ftruncate(fd, 0)
-    os.write(fd, (json.dumps(info) + "\n").encode())
+    try:                                               # who holds it, for the next one's message
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(info) + "\n")
+    except OSError as exc:
+        os.close(fd)
+        raise storage_error("run", exc, path) from None
     os.environ[ENV] = str(run_dir.resolve())          # inherited by the ranks this process launches
     return fd
 

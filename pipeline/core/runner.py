@@ -134,6 +134,11 @@ def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict], lay
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def _not_ours(*folders: Path) -> Path | None:
+    """The first of the folders that exists without a manifest file: something a user put there."""
+    return next((f for f in folders if (f.exists() or f.is_symlink()) and not (f / MANIFEST).is_file()), None)
+
+
 class Runner:
     def __init__(self, cfg: Config, force: bool = False, layout=None):
         self.cfg = cfg
@@ -232,6 +237,11 @@ class Runner:
         if current is not None:
             log.info("[%s] up to date (fingerprint %s), skipped; FORCE=1 re-runs it", stage.name, current["fingerprint"])
             return Outcome(stage.name, "CACHED", manifest=current, seconds=time.time() - t0)
+        foreign = _not_ours(final, self.run_dir / f"{stage.name}.failed")
+        if foreign is not None:          # never replace (or delete) a folder this pipeline did not write
+            return Outcome(stage.name, "ERROR", seconds=time.time() - t0, error=IntegrityError(
+                f"{foreign} exists but was not made by this pipeline (no {MANIFEST}): the {stage.name} stage would "
+                "replace it", hint="move it away, or give this run another run.name"))
         if layout is not None and layout.needs_launch:
             return self._launched(stage, layout, t0)
         for leftover in self.run_dir.glob(f".tmp-{stage.name}-*"):   # from a kill -9 mid-stage

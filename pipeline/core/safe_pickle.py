@@ -11,6 +11,7 @@ arrays (no object dtype), at most MAX_DEPTH deep.
 """
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import os
 import pickle
@@ -38,6 +39,9 @@ class Refused(Exception):
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
+        # protocol 2 names Python 2 modules (__builtin__.tuple): map them as pickle does, then check
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if (module, name) not in ALLOWED:
             raise Refused(f"{module}.{name}")
         if module.startswith("numpy._core"):          # a numpy 2 file read by numpy 1

@@ -1,0 +1,181 @@
+"""Model files are data, never code (issue 30): the malicious-file corpus against the readers themselves.
+
+The same files go through the CLI in tests/bad_inputs_cases.py (UNTRUSTED); here each reader is checked
+directly, plus what the CLI corpus cannot show: that the files really are malicious (plain pickle runs
+them), that genuine Paddle files still load, and that a .pdiparams.info beside a program is never read.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bad_inputs_cases as corpus  # noqa: E402
+
+from pipeline.core import runlock, safe_pickle, safe_yaml  # noqa: E402
+from pipeline.core.errors import ConfigError, IntegrityError, RunLocked  # noqa: E402
+from pipeline.engines import params_file  # noqa: E402
+from pipeline.models import imported  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("kind", corpus.EVIL_KINDS)
+def test_each_payload_is_real_and_refused(kind, tmp_path):
+    marker = tmp_path / corpus.MARKER
+    data = corpus.evil_pdparams(kind, marker)
+    # the control, in a child: plain pickle (what paddle.load is) runs the payload
+    code = "import pickle, sys, numpy; pickle.loads(open(sys.argv[1], 'rb').read())"
+    (tmp_path / "control.pdparams").write_bytes(data)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "control.pdparams")], capture_output=True, timeout=60)
+    assert marker.exists(), "the corpus file is not malicious: the test would prove nothing"
+    marker.unlink()
+    path = tmp_path / f"{kind}.pdparams"
+    path.write_bytes(data)
+    with pytest.raises(IntegrityError) as e:
+        safe_pickle.load_state(path, "model.pretrained")
+    assert str(path) in e.value.message and "was not run" in e.value.message
+    assert not marker.exists()
+
+
+def test_stealthy_payload_returns_real_weights_to_pickle_but_nothing_here(tmp_path):
+    marker = tmp_path / corpus.MARKER
+    state = pickle.loads(corpus.evil_pdparams("stealthy", marker))       # what paddle.load would have given
+    assert marker.exists() and np.array_equal(state["fc.weight"], corpus.small_state()["fc.weight"])
+    marker.unlink()
+    path = tmp_path / "w.pdparams"
+    path.write_bytes(corpus.evil_pdparams("stealthy", marker))
+    with pytest.raises(IntegrityError, match="system"):
+        imported.load_params(paddle.nn.Linear(4, 3), path, allow_partial=True)
+    assert not marker.exists()
+
+
+def _saved(obj, protocol=4) -> bytes:
+    buf = io.BytesIO()
+    paddle.save(obj, buf, protocol=protocol)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_genuine_paddle_files_load_as_paddle_load_does(protocol, tmp_path):
+    """A layer's state_dict, an optimizer's state (LR scheduler included) and a nested list of tensors."""
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm2D(4))
+    opt = paddle.optimizer.AdamW(parameters=model.parameters(),
+                                 learning_rate=paddle.optimizer.lr.CosineAnnealingDecay(0.1, 10))
+    model(paddle.randn([2, 3, 8, 8])).mean().backward()
+    opt.step()
+    for obj in (model.state_dict(), opt.state_dict(), {"a": [paddle.ones([2]), 3, "x", (1.5, None, True)]}):
+        path = tmp_path / "f.pdparams"
+        path.write_bytes(_saved(obj, protocol))
+        mine, theirs = safe_pickle.load_state(path), paddle.load(str(path), return_numpy=True)
+        assert mine.keys() == theirs.keys()
+        for k in mine:
+            a, b = mine[k], theirs[k]
+            if isinstance(b, np.ndarray):
+                assert np.array_equal(a, b) and a.dtype == b.dtype, k
+
+
+def test_pretrained_pdparams_round_trip_through_the_safe_reader(tmp_path):
+    src, dst = paddle.nn.Linear(4, 3), paddle.nn.Linear(4, 3)
+    paddle.save(src.state_dict(), str(tmp_path / "w.pdparams"))
+    assert imported.load_params(dst, tmp_path / "w.pdparams", allow_partial=False)["loaded"] == 2
+    assert np.array_equal(src.weight.numpy(), dst.weight.numpy())
+
+
+def test_pdparams_limit_and_non_regular_files(tmp_path):
+    path = tmp_path / "w.pdparams"
+    path.write_bytes(_saved(paddle.nn.Linear(4, 3).state_dict()))
+    with pytest.raises(IntegrityError, match="over the limit of 10"):
+        safe_pickle.load_state(path, max_bytes=10)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        safe_pickle.load_state(tmp_path / "fifo")
+
+
+def test_info_pickle_beside_a_program_is_never_read(tmp_path):
+    """jit.load would unpickle inference.pdiparams.info; load_program copies only the two files it needs."""
+    folder = corpus.tiny_program(tmp_path / "model")
+    marker = tmp_path / corpus.MARKER
+    (folder / "inference.pdiparams.info").write_bytes(pickle.dumps(corpus._touch(marker), protocol=2))
+    x = paddle.randn([2, 1, 32, 32])
+    prefix = imported.resolve_prefix(folder)
+    out = imported.load_program(prefix)(x)
+    assert list(out.shape) == [2, 36] and not marker.exists()
+    out = imported.trainable(prefix)(x)
+    assert not marker.exists()
+    with pytest.raises(TypeError):                  # the control: Paddle itself runs it (then trips on the result)
+        paddle.jit.load(str(prefix))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("how, words", [("truncated", "truncated"), ("huge", "remain"), ("garbage", "not a Paddle tensor")])
+def test_damaged_pdiparams_refused_before_paddle(how, words, tmp_path):
+    e = corpus.Env(None, None, None, None, None, None, None, tmp=tmp_path)
+    folder = corpus.damaged_params(e, how)
+    with pytest.raises(IntegrityError, match=words):
+        imported.resolve_prefix(folder)
+
+
+def test_params_stream_counts_the_real_ppocr_files():
+    found = [p for p in (ROOT / ".cache" / "ppocr").glob("ch_*/inference.pdiparams")]
+    if not found:
+        pytest.skip("make fetch-ppocr has not run")
+    for p in found:
+        imported.check_files(p.with_suffix(""), None)        # the count matches the program's parameters
+        assert params_file.check(p) > 200
+
+
+def test_inference_yml_not_a_mapping(tmp_path):
+    folder = corpus.tiny_program(tmp_path / "m")
+    (folder / "inference.yml").write_text("just a string\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        imported.inference_yml(folder / "inference")
+
+
+# ------------------------------------------------------------------------------------ YAML
+
+@pytest.mark.parametrize("text, words", [
+    (corpus.alias_bomb(), "alias bomb"),
+    ("a: &a [*a]\n", "alias bomb"),                                   # recursive
+    ("x: " + "[" * 5000 + "]" * 5000, "nesting deeper"),
+    ("train:\n  a: 1\nx: 2\ntrain:\n  b: 2\n", "lines 1 and 4"),
+])
+def test_yaml_limits(text, words):
+    with pytest.raises(ConfigError, match=words):
+        safe_yaml.loads(text, "t")
+
+
+def test_yaml_merge_keys_and_small_aliases_still_work():
+    assert safe_yaml.loads("b: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\nl: [*b, *b]\n", "t")["c"] == {"x": 3, "y": 2}
+
+
+def test_every_shipped_config_reads_under_the_c_locale():
+    code = ("import glob, sys; sys.path.insert(0, %r); from pipeline.core.config import load_config; "
+            "[load_config([f]) for f in sorted(glob.glob('configs/*.yaml')) if 'defaults' not in f]; print('ok')" % str(ROOT))
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------ the run lock
+
+def test_deleting_the_lock_file_does_not_free_the_run(tmp_path):
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pipeline.core import runlock; "
+            f"runlock.acquire({str(tmp_path / 'run')!r}); print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        (tmp_path / "run" / runlock.LOCK_NAME).unlink()
+        with pytest.raises(RunLocked):
+            runlock.acquire(tmp_path / "run")
+    finally:
+        proc.kill(), proc.wait()
+    runlock.release(runlock.acquire(tmp_path / "run"), None)
