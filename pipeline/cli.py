@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from pipeline.core import catalogue, env
@@ -10,6 +11,9 @@ from pipeline.core.composite import PARTS, part_configs
 from pipeline.core.errors import PipelineError
 from pipeline.core.console import set_quiet, setup_logging
 from pipeline.core.session import load, run_stages
+
+
+INTERRUPTED = 130
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
@@ -152,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)      # a second Ctrl-C must not turn this into a traceback
         print("interrupted: finished stage outputs are intact; re-run to resume", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     return 0

@@ -91,6 +91,44 @@ def _served_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndarray,
     return _checks(f"served {engine.kind} {ran}", engine.run(x), expected, cfg, tol)
 
 
+# low-precision rows that load a file of their own (bf16 runs the fp32 files, checked above at fp32)
+OWN_FILE_ROWS = (("paddle-inference", "int8"), ("paddle-inference", "fp16"), ("onnxruntime", "int8"),
+                 ("openvino", "int8"))
+
+
+def _gate_tolerance(manifest: dict, precision: str) -> dict | None:
+    """The tolerance the server stage gated `precision` with (server.gates.<precision> of the bundle's config)."""
+    tol = (((manifest.get("config") or {}).get("server") or {}).get("gates") or {}).get(precision)
+    return {**tol, "key": f"server.gates.{precision}"} if isinstance(tol, dict) and "atol" in tol else None
+
+
+def _other_rows_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndarray, threads: int,
+                       manifest: dict) -> tuple[list[dict], dict]:
+    """Every low-precision model file `serve --engine/--precision` could load besides the recommended row, run on
+    the samples with its own gate's tolerance: a swapped int8 file with a rehashed manifest fails here.
+    -> (checks, {file: why it was not run}) (fp16 needs a GPU; a bundle without gate tolerances is older)."""
+    from pipeline.bundle.serving_choice import load_engine
+    from pipeline.core import capabilities
+    from pipeline.engines.evidence import head
+
+    rec = cfg.get("serving") or {}
+    served = (rec.get("engine") or "paddle-inference", rec.get("precision") or "fp32")
+    checks, not_run = [], {}
+    for kind, prec in OWN_FILE_ROWS:
+        rel = layout.serving_model(kind, prec)
+        if (kind, prec) == served or not layout.model_exists(folder / rel):
+            continue
+        tol = _gate_tolerance(manifest, prec)
+        if tol is None:
+            not_run[rel] = f"{kind} {prec}: the bundle records no server.gates.{prec} tolerance (made before verify ran it)"
+        elif prec == "fp16" and not capabilities.gpu()["gpu"]:
+            not_run[rel] = f"{kind} fp16 needs a GPU; this machine has none"
+        else:
+            engine = load_engine(folder, cfg, override=kind, threads=threads or 1, precision=prec)
+            checks += _checks(f"{kind} {head(engine.effective_precision)}", engine.run(x), expected, cfg, tol)
+    return checks, not_run
+
+
 def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, manifest: dict | None = None) -> dict:
     """Hashes (unless the caller checked them: `manifest`), then each runnable model on the samples; a report
     dict (no exception for a failed check)."""
@@ -101,6 +139,7 @@ def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, ma
     for name, make in _engines(folder, cfg, timeout, threads).items():
         checks += _checks(name, make().run(x), expected, cfg)
     checks += _served_checks(folder, cfg, x, expected, threads)
-    failed = [c for c in checks if not c["passed"]]
-    return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
-            "ok": not failed, "unverified": manifest.get("unverified", {})}
+    others, not_run = _other_rows_checks(folder, cfg, x, expected, threads, manifest)
+    failed = [c for c in checks + others if not c["passed"]]
+    return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks + others,
+            "ok": not failed, "unverified": {**manifest.get("unverified", {}), **not_run}}

@@ -52,7 +52,8 @@ def run_supervised(argv: list[str], cmd: list[str] | None = None) -> int:
     os.close(fd)
     env = {**os.environ, SUPERVISED: "1", MARKER: marker}
     child = subprocess.Popen(cmd or [sys.executable, "-m", "pipeline", *argv], env=env)
-    previous = (signal.signal(signal.SIGINT, signal.SIG_IGN),       # Ctrl-C reaches the child (same group)
+    interrupted = []
+    previous = (signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)),   # Ctrl-C reaches the child too
                 signal.signal(signal.SIGTERM, lambda *_: child.terminate()))
     peak = 0.0
     try:
@@ -68,7 +69,10 @@ def run_supervised(argv: list[str], cmd: list[str] | None = None) -> int:
     if code >= 0:
         return code
     sig = signal.Signals(-code)
-    if sig == signal.SIGINT:
+    if sig == signal.SIGINT or interrupted:      # a crash while stopping is the stop, not a memory problem
+        if sig != signal.SIGINT:
+            print(f"interrupted: the child stopped with {sig.name}; finished stage outputs are intact; re-run to "
+                  "resume", file=sys.stderr)
         return 130
     where = f"the {stage} stage" if stage else "the command"
     why = "the kernel killed it, most likely out of memory" if sig == signal.SIGKILL else f"it died of {sig.name}"
