@@ -86,6 +86,17 @@ def _verify(args) -> int:
 
 
 def _sign(args) -> int:
+    """Sign a bundle folder or archive; a file system that refuses the write (read-only, full) is one line."""
+    from pipeline.core.runlock import storage_error
+
+    try:
+        return _sign_files(args)
+    except OSError as exc:
+        raise storage_error("sign", exc, folder=args.bundle.parent,
+                            hint="copy the bundle to writable storage and sign the copy") from None
+
+
+def _sign_files(args) -> int:
     import tempfile
 
     from pipeline.bundle.format import open_bundle, verify_hashes, write_archive

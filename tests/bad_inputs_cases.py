@@ -1180,7 +1180,8 @@ CONFIG += [
     _cfg("run-root-checkout", "run.root=. (the checkout itself)", "run.root=.", "run.root", "a folder of its own"),
     _cfg("run-root-slash", "run.root=/", "run.root=/", "run.root"),
     _cfg("bundle-root-parent", "bundle.root=.. (the checkout's parent)", "bundle.root=..", "bundle.root"),
-    _cfg("cache-home", "data.cache_dir=~ (the home folder)", "data.cache_dir=~", "data.cache_dir"),
+    _cfg("cache-home", "data.cache_dir=$HOME (the home folder)", f"data.cache_dir={Path.home()}", "data.cache_dir",
+         "a folder of its own"),
 ]
 
 STAGES += [
@@ -1197,6 +1198,47 @@ def _foreign_stage_folder(e: Env) -> Path:
     (root / "smoke" / "train").mkdir(parents=True)
     (root / "smoke" / "train" / "notes.txt").write_text("mine")
     return root
+
+
+def swapped_int8(e: Env, rel: str) -> Path:
+    """A bundle whose int8 model (ONNX, or OpenVINO's weights) was replaced and the manifest rehashed: `serve
+    --precision int8` would serve it, and verify never ran it before."""
+    b = copy_bundle(e)
+    p = b / rel
+    if p.suffix == ".onnx":
+        import onnx
+        from onnx import numpy_helper
+
+        m = onnx.load(str(p))
+        for init in m.graph.initializer:          # the first int8 weight tensor, negated
+            arr = numpy_helper.to_array(init)
+            if arr.dtype == np.int8 and arr.size > 16:
+                init.CopyFrom(numpy_helper.from_array((-arr.astype(np.int16)).clip(-127, 127).astype(np.int8), init.name))
+                break
+        onnx.save(m, str(p))
+    else:
+        raw = np.frombuffer(p.read_bytes(), np.uint8).copy()
+        raw[: len(raw) // 2] = raw[: len(raw) // 2][::-1]         # weights scrambled, size unchanged
+        p.write_bytes(raw.tobytes())
+    rehash(b, rel)
+    return b
+
+
+def _ro_bundle(e: Env) -> Path:
+    return mount_tmpfs(e, "ro-sign", readonly=True, size="256m", fill_from=e.bundle)
+
+
+VERIFY += [
+    CliCase("verify-int8-onnx-swapped", "verify: content", "int8 ONNX model replaced, manifest rehashed (was never run)",
+            lambda e: ["verify", str(swapped_int8(e, "server/onnx/model_int8.onnx"))], ("onnxruntime", "on samples")),
+    CliCase("verify-int8-openvino-swapped", "verify: content", "OpenVINO int8 weights scrambled, manifest rehashed",
+            lambda e: ["verify", str(swapped_int8(e, "server/openvino/model_int8.bin"))], ("openvino", "on samples")),
+]
+
+SIGNATURE += [
+    CliCase("sign-readonly", "sign", "sign a bundle on read-only storage (OSError traceback)",
+            lambda e: ["sign", str(_ro_bundle(e)), "--key", str(e.priv)], ("sign: cannot write", "read-only")),
+]
 
 
 CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE + UNTRUSTED

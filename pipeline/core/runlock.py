@@ -40,16 +40,17 @@ def _first_copy_error(exc: shutil.Error) -> OSError:
     return OSError(int(code.group(1)) if code else None, str(reason).split("] ")[-1].split(":")[0], dst)
 
 
-def storage_error(where: str, exc: OSError, path=None) -> StorageError:
-    """An OSError as one line: what failed, the path, why, and what to do."""
+def storage_error(where: str, exc: OSError, path=None, folder=None, hint: str | None = None) -> StorageError:
+    """An OSError as one line: what failed, the path, why, and what to do. `folder`: where the failed write
+    went when the error names no file (a write() on a full disk carries no file name)."""
     if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
         exc = _first_copy_error(exc)
-    path = path or exc.filename or "?"
+    path = path or exc.filename or (f"into {folder}" if folder else "(the file system gave no path)")
     why = {errno.EROFS: "the file system is read-only", errno.ENOSPC: "no space left on the device",
            errno.EDQUOT: "the disk quota is exceeded", errno.EACCES: "permission denied",
            errno.EPERM: "operation not permitted"}.get(exc.errno, exc.strerror or str(exc))
     hint = "free some space and re-run (finished stages are kept)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
-        else "point run.root / bundle.root at a writable folder, or fix its permissions"
+        else hint or "point run.root / bundle.root at a writable folder, or fix its permissions"
     return StorageError(f"{where}: cannot write {path}: {why}", hint=hint)
 
 
@@ -141,7 +142,7 @@ def exclusive(method):
         try:
             return method(self, names, *args, **kw)
         except OSError as exc:
-            raise storage_error("run", exc) from None
+            raise storage_error("run", exc, folder=self.run_dir) from None
         finally:
             release(fd, previous)
     return wrapper

@@ -278,7 +278,7 @@ class Runner:
         except PipelineError as exc:
             return Outcome(stage.name, "ERROR", error=exc, seconds=time.time() - t0)
         except OSError as exc:          # read-only, full, no permission: the staged output was removed
-            return Outcome(stage.name, "ERROR", error=runlock.storage_error(stage.name, exc), seconds=time.time() - t0)
+            return Outcome(stage.name, "ERROR", error=runlock.storage_error(stage.name, exc, folder=final), seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
 

@@ -7,6 +7,8 @@ without bf16 OpenVINO silently runs f32, and the runtime model then says so: the
 """
 from __future__ import annotations
 
+import functools
+
 import os
 from collections import Counter
 from pathlib import Path
@@ -54,6 +56,17 @@ def _type_name(t) -> str:
     return t.get_type_name() if hasattr(t, "get_type_name") else str(t)
 
 
+@functools.lru_cache(maxsize=None)
+def shared_core():
+    """One ov.Core per process. A Core's first compile gives the calling thread an alternate signal stack (20 KB)
+    and its destruction puts back the one it found: Cores destroyed out of order (an engine per server row) left
+    the main thread's alternate stack pointing at freed memory, and the next signal handled there (Ctrl-C during
+    the bundle stage) died of SIGSEGV. One Core that lives as long as the process never restores a stale stack."""
+    import openvino as ov
+
+    return ov.Core()
+
+
 class OpenVinoEngine(Engine):
     kind = "openvino"
 
@@ -67,7 +80,7 @@ class OpenVinoEngine(Engine):
             raise MissingArtifact(f"OpenVINO model not found: {path}")
         if label not in _HINT:
             raise ConfigError(f"OpenVINO rows are {', '.join(_HINT)}, not {label!r}")
-        core = ov.Core()
+        core = shared_core()
         try:
             model = core.read_model(str(path))
             if static_batch:   # a static shape lets the CPU plugin pick its kernels once
@@ -162,7 +175,7 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
         raise ConfigError(f"calibration data must be [N, C, H, W], got {list(calib.shape)}")
     n = min(len(calib), batch_size * batch_nums)
     batches = [np.ascontiguousarray(calib[i:min(i + batch_size, n)], np.float32) for i in range(0, n, batch_size)]
-    model = ov.Core().read_model(str(onnx_file))
+    model = shared_core().read_model(str(onnx_file))
     ignored, types = ignored_scope(model, weights) if weights is not None else ([], [])
     scope = nncf.IgnoredScope(names=ignored, types=types, validate=False) if weights is not None else None
     kw = {}
