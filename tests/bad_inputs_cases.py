@@ -1216,9 +1216,15 @@ def swapped_int8(e: Env, rel: str) -> Path:
                 init.CopyFrom(numpy_helper.from_array((-arr.astype(np.int16)).clip(-127, 127).astype(np.int8), init.name))
                 break
         onnx.save(m, str(p))
-    else:
-        raw = np.frombuffer(p.read_bytes(), np.uint8).copy()
-        raw[: len(raw) // 2] = raw[: len(raw) // 2][::-1]         # weights scrambled, size unchanged
+    else:                                        # every int8 weight constant of the IR negated, in place
+        import xml.etree.ElementTree as ET
+
+        raw = np.frombuffer(p.read_bytes(), np.int8).copy()
+        for layer in ET.parse(p.with_suffix(".xml")).getroot().iter("layer"):
+            data = layer.find("data")
+            if layer.get("type") == "Const" and data is not None and data.get("element_type") == "i8":
+                at, n = int(data.get("offset")), int(data.get("size"))
+                raw[at:at + n] = (-raw[at:at + n].astype(np.int16)).clip(-127, 127).astype(np.int8)
         p.write_bytes(raw.tobytes())
     rehash(b, rel)
     return b
