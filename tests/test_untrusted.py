@@ -179,3 +179,53 @@ def test_deleting_the_lock_file_does_not_free_the_run(tmp_path):
     finally:
         proc.kill(), proc.wait()
     runlock.release(runlock.acquire(tmp_path / "run"), None)
+
+
+# ------------------------------------------------------------------------------------ stopping, storage lines
+
+def test_ctrl_c_in_a_stage_is_one_line_and_exit_130(tmp_path):
+    """A real `python -m pipeline run train` (supervised, as make runs it), Ctrl-C to its process group once the
+    train stage has started: exit 130, the one 'interrupted' line, no traceback, no crash report."""
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "pipeline", "run", "train", "-c", "configs/smoke.yaml", "-o", "run.name=ctrlc",
+            "-o", f"run.root={tmp_path / 'runs'}", "-o", f"regression.history={tmp_path / 'h.sqlite'}",
+            "-o", "train.epochs=50"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    started = tmp_path / "runs" / "ctrlc" / ".work" / "train"
+    deadline = time.time() + 120
+    while not started.is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in out + err and "SIGSEGV" not in err and "killed" not in err, err[-2000:]
+    assert [line for line in err.splitlines() if line.startswith("interrupted")], err[-2000:]
+    assert not (tmp_path / "runs" / "ctrlc" / "train").exists()          # nothing half-written was moved in
+
+
+def test_storage_errors_name_a_path_even_when_the_os_gives_none(tmp_path):
+    import errno
+
+    exc = OSError(errno.ENOSPC, "No space left on device")            # what a failed write() carries: no file name
+    line = runlock.storage_error("train", exc, folder=tmp_path / "train").one_line()
+    assert str(tmp_path / "train") in line and "?" not in line.split("(hint")[0]
+
+
+@pytest.mark.slow
+def test_verify_runs_every_low_precision_file_the_bundle_may_serve(smoke_bundle):
+    from pipeline.bundle import layout
+    from pipeline.bundle.verify import verify_or_raise
+    from pipeline.bundle.verify_model import OWN_FILE_ROWS
+
+    folder = smoke_bundle[0]
+    report = verify_or_raise(folder)
+    names = " | ".join(c["name"] for c in report["checks"])
+    for kind, prec in OWN_FILE_ROWS:
+        if layout.model_exists(folder / layout.serving_model(kind, prec)):
+            assert f"{kind} " in names and "on samples" in names, (kind, prec, names)
+            ran = [c for c in report["checks"] if c["name"].startswith(kind) and "fp32" not in c["name"]]
+            assert ran or layout.serving_model(kind, prec) in report["unverified"], (kind, prec, names)
