@@ -237,9 +237,10 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         return []
     args = (ref.inputs, ref.outputs, ref.labels, ref.metric)
     try:
-        onnx_file = export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset)
-    except PipelineError as exc:
-        why = f"ONNX export failed: {exc.one_line()}"
+        onnx_file, why = export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset), ""
+    except PipelineError as exc:    # not a row's failure: every ONNX row's reason; the config says FAIL or SKIPPED
+        onnx_file, why = None, f"ONNX export failed: {exc.one_line()}"
+    if onnx_file is None:
         if sc.onnx.required:
             return [Gate("server", f"{k} fp32", "fp32", "none", task.primary_metric, status=FAIL,
                          reason=why + " (server.onnx.required=true)") for k in kinds]

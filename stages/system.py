@@ -22,11 +22,12 @@ import yaml
 
 from pipeline.core import env
 from pipeline.core.artifacts import atomic_write_text, describe_files, write_json
+from pipeline.bundle import layout
 from pipeline.bundle.format import FORMAT_VERSION, write_archive
 from pipeline.core.composite import part_configs
 from pipeline.core.config import ROOT
-from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.core.gates import FAIL, OK, Check, Gate, metric_check, skipped
+from pipeline.core.errors import ConfigError
+from pipeline.core.gates import FAIL, OK, Check, Gate, metric_check, run_row, skipped
 from pipeline.core.runner import Stage, StageContext, StageResult
 
 log = logging.getLogger("pipeline")
@@ -100,22 +101,24 @@ class _Chain:
     lines: list
     subs: dict          # role → model bundle folder (detection, recognition[, classifier])
     row_lines: dict = field(default_factory=dict)     # subject → lines that row read
+    evidence: Path | None = None    # where a crashed row's traceback goes (run_row)
 
 
 def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
     """One set of engines (det, rec[, cls]; make(role, sub-bundle) builds each) through the flow, gated on its
-    drop vs the fp32 chain; an engine that fails to load or run is that row's FAIL, and the other rows still run."""
+    drop vs the fp32 chain; an engine that fails to load or run is that row's FAIL (run_row: any exception, its
+    traceback kept), and the other rows still run."""
     from pipeline.ocr.system import read_pages
     from pipeline.bundle.system import engine_set
 
-    t0 = time.perf_counter()
-    try:
+    def read() -> Gate:
         det, rec, cls = engine_set(make, chain.subs)
         lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch, cls=cls)
         chain.row_lines[subject] = lines
-        g = _row(subject, prec, _effective(det, rec), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
-    except PipelineError as exc:
-        g = Gate("system", subject, prec, "none", METRIC, status=FAIL, reason=exc.one_line())
+        return _row(subject, prec, _effective(det, rec), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
+
+    t0 = time.perf_counter()
+    g = run_row("system", subject, prec, METRIC, read, chain.evidence)
     g.seconds = round(time.perf_counter() - t0, 2)
     return g
 
@@ -127,13 +130,13 @@ def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Cha
     sc = ctx.cfg.system
     images = list(pages["images"])
     t0 = time.perf_counter()
-    det, rec, cls = engine_set(lambda r, b: paddle_engine(b / "server/fp32/inference", "fp32", threads), subs)
+    det, rec, cls = engine_set(lambda r, b: paddle_engine(b / layout.FP32_PREFIX, "fp32", threads), subs)
     ref_lines = read_pages(images, det, rec, spec, cls=cls)
     fp32 = _row("paddle-inference fp32", "fp32", "fp32", ref_lines, pages, keys,
                 floors=(sc.min_line_accuracy, sc.min_field_accuracy))
     fp32.seconds = round(time.perf_counter() - t0, 2)
     fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
-    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs)
+    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence")
 
 
 def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate], _Chain]:
@@ -156,17 +159,18 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
         if not have:
             gates.append(skipped("system", subject, prec, METRIC, why))
             continue
-        pick = (lambda b: b / "server/fp32/inference") if prec == "bf16" else (lambda b, p=prec: model_prefix(b, p))
+        pick = (lambda b: b / layout.FP32_PREFIX) if prec == "bf16" else (lambda b, p=prec: model_prefix(b, p))
         gates.append(_pair_row(chain, subject, prec, lambda r, b, p=prec, f=pick: paddle_engine(f(b), p, threads),
                                sc.gates[prec]))
     gates += _other_engine_rows(ctx, chain, threads)
     if sc.engine == "auto":
         gates.append(_served_row(ctx, chain, threads))
     subject = "lite x86 fp32"
-    if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
+    x86_nb = layout.mobile_nb("x86", "fp32")
+    if all((b / x86_nb).is_file() for b in subs.values()):
         timeout = ctx.cfg.lite.timeout
         gates.append(_pair_row(chain, subject, "fp32",
-                               lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
+                               lambda r, b: lite_engine(b / x86_nb, lite_shape(b), timeout),
                                sc.gates["lite"], batch=LITE_BATCH))
     else:
         gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb set"))
@@ -242,19 +246,21 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
     n = min(ctx.cfg.system.http_pages, len(pages["images"]))
     subject = "http /ocr as served" if auto else "http /ocr fp32"
     engine = "served" if auto else ctx.cfg.system.engine
-    t0 = time.perf_counter()
-    try:
-        res = http_ocr_gate(folder, list(pages["images"][:n]), threads=threads)
-    except PipelineError as exc:
-        return Gate("system", subject, "fp32", "none", METRIC, status=FAIL, reason=exc.one_line())
-    diff = 1.0 - agreement(res["lines"], ref_lines[:n])
     limit = ctx.cfg.system.gates["http"]
-    g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
-             checks=[Check(f"lines_differing_from_{engine}_chain", diff, limit, "<=",
-                           diff <= limit + 1e-12)])
-    g.status = OK if g.checks[0].passed else FAIL
-    g.reason = "" if g.status == OK else g.checks[0].describe()
-    g.extra = {"latency_ms": res["latency_ms"], "requests": n}
+
+    def serve() -> Gate:
+        res = http_ocr_gate(folder, list(pages["images"][:n]), threads=threads)
+        diff = 1.0 - agreement(res["lines"], ref_lines[:n])
+        g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
+                 checks=[Check(f"lines_differing_from_{engine}_chain", diff, limit, "<=",
+                               diff <= limit + 1e-12, "system.gates.http")])
+        g.status = OK if g.checks[0].passed else FAIL
+        g.reason = "" if g.status == OK else g.checks[0].describe()
+        g.extra = {"latency_ms": res["latency_ms"], "requests": n}
+        return g
+
+    t0 = time.perf_counter()
+    g = run_row("system", subject, "fp32", METRIC, serve, chain.evidence)
     g.seconds = round(time.perf_counter() - t0, 2)
     return g
 
@@ -319,10 +325,10 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
     served = chain.row_lines.get(SERVED) if sc.engine == "auto" else None
     write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k], served[:k] if served else None)
     icfg = _infer_config(sc, chain.subs, chain.keys, chain.ref)
-    atomic_write_text(b / "infer_config.yaml", yaml.safe_dump(icfg, sort_keys=False, allow_unicode=True))
-    atomic_write_text(b / "MODEL_CARD.md", _model_card(name, gates, parts, icfg["served"]))
+    atomic_write_text(b / layout.INFER_CONFIG, yaml.safe_dump(icfg, sort_keys=False, allow_unicode=True))
+    atomic_write_text(b / layout.MODEL_CARD, _model_card(name, gates, parts, icfg["served"]))
     part_gates = [g for r in chain.subs for g in ctx.input_manifests[r].get("gates", [])]
-    write_json(b / "manifest.json", {
+    write_json(b / layout.MANIFEST, {
         "format_version": FORMAT_VERSION, "name": name, "version": version, "task": "ocr_system",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": describe_files(b, exclude=()),        # the sub-bundles' manifest.json files are hashed too
@@ -380,7 +386,8 @@ def run(ctx: StageContext) -> StageResult:
     threads = cfg.server.threads or env.cpu_count()
     if sc.http_pages:
         gates.append(_http_row(ctx, b, chain, threads))
-    gates.append(_verify_gate(b, cfg.lite.timeout, threads))
+    gates.append(run_row("system", "bundle self-verification", "fp32", "failed checks",
+                         lambda: _verify_gate(b, cfg.lite.timeout, threads), ctx.out_dir / "evidence"))
     if cfg.bundle.archive:
         write_archive(b, ctx.out_dir / f"{name}.tar.gz")
     if all(g.status != FAIL for g in gates):

@@ -12,11 +12,18 @@ from pipeline.core.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.parametrize("machine, arch", [("x86_64", "x86"), ("AMD64", "x86"), ("aarch64", "arm"),
+                                           ("arm64", "arm"), ("riscv64", "riscv64")])
+def test_host_arch_names_the_lite_target_of_the_machine(monkeypatch, machine, arch):
+    """x86/arm name the .nb target this host can execute; anything else is passed through (no target matches it)."""
+    monkeypatch.setattr(caps.platform, "machine", lambda: machine)
+    assert caps.host_arch() == arch
+
+
 def test_real_host_is_reported_without_a_profile(monkeypatch):
     monkeypatch.delenv(caps.PROFILE_ENV, raising=False)
     assert caps.profile() == [] and caps.cpu_flags() == caps.real_cpu_flags()
     assert not caps.simulated(caps.BF16_FLAGS | caps.VNNI_FLAGS)
-    assert caps.host_arch() in ("x86", "arm") or caps.host_arch()
     assert env.cpu_flags() == set(caps.cpu_flags())           # one source of truth
     assert caps.describe()["profile"] is None
 

@@ -88,7 +88,18 @@ def test_a_stage_that_skips_its_declared_output_is_refused(tmp_path):
     assert catalogue.missing_outputs(stage, tmp_path / "out") == ["inference.pdmodel"]
     (tmp_path / "out" / "inference.pdmodel").write_bytes(b"x")
     assert catalogue.missing_outputs(stage, tmp_path / "out") == []
-    assert issubclass(IntegrityError, Exception)
+
+
+def test_the_runner_refuses_a_passing_stage_without_its_declared_output(tmp_path):
+    """A stage whose gates pass but which wrote nothing it declared: ERROR with IntegrityError naming the file."""
+    from pipeline.core.gates import Gate
+
+    passing = Gate("export", "x", "fp32", "fp32", "accuracy")
+    stage = Stage("export", (), ("export",), "export", outputs=("inference.pdmodel",),
+                  run=lambda ctx: StageResult(gates=[passing]))
+    outcome = _runner(tmp_path)._run_one(stage)
+    assert outcome.status == "ERROR" and isinstance(outcome.error, IntegrityError)
+    assert "inference.pdmodel" in outcome.error.message
 
 
 def test_a_kernel_killed_stage_is_named(capsys):

@@ -21,6 +21,8 @@ INFER_CONFIG = "infer_config.yaml"
 SAMPLES_DIR = "samples"
 SAMPLES_EXPECTED = "samples/expected.npz"
 SAMPLE_PNG = "samples/{:03d}.png"
+SYSTEM_SAMPLE_PNG = "samples/page_{:03d}.png"     # OCR system bundle: sample pages
+SYSTEM_SAMPLES_EXPECTED = "samples/expected.json"  # ... and the fp32 chain's lines on them
 MODEL_CARD = "MODEL_CARD.md"
 MANIFEST = "manifest.json"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bundle import layout
 from pipeline.bundle.format import load_infer_config, verify_hashes
 from pipeline.data.imagedecode import decode_file
 from pipeline.core.errors import IntegrityError, MissingArtifact
@@ -31,10 +32,10 @@ def sub_bundle(folder: Path, cfg: dict, role: str) -> Path:
     """The model bundle folder a system bundle names for `role`: a plain sub-folder, nothing else."""
     name = cfg.get(role)
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise IntegrityError(f"{folder}/infer_config.yaml: {role} must name a sub-folder of the bundle, got {name!r}",
+        raise IntegrityError(f"{folder}/{layout.INFER_CONFIG}: {role} must name a sub-folder of the bundle, got {name!r}",
                              hint="rebuild the bundle with `make deploy CONFIG=configs/ocr_system.yaml`")
-    if not (Path(folder) / name / "infer_config.yaml").is_file():
-        raise IntegrityError(f"{folder}/{name} is not a model bundle (no infer_config.yaml)")
+    if not (Path(folder) / name / layout.INFER_CONFIG).is_file():
+        raise IntegrityError(f"{folder}/{name} is not a model bundle (no {layout.INFER_CONFIG})")
     return Path(folder) / name
 
 
@@ -147,7 +148,7 @@ def lite_shape(sub: Path) -> list:
     """The input shape a part's .nb is run with: its program's, dynamic dims free (PP-OCR's det and rec)."""
     from pipeline.engines.paddle_infer import program_input_shape
 
-    return program_input_shape(sub / "server/fp32/inference")
+    return program_input_shape(sub / layout.FP32_PREFIX)
 
 
 LITE_BATCH = 4096      # one Lite subprocess per model per call, not one per 16 pages
@@ -155,7 +156,7 @@ LITE_BATCH = 4096      # one Lite subprocess per model per call, not one per 16 
 
 def model_prefix(sub: Path, precision: str) -> Path | None:
     """Paddle Inference model of one precision inside a model bundle (None when it holds none)."""
-    p = sub / "server" / precision / ("inference" if precision == "fp32" else "model")
+    p = sub / layout.server_prefix(precision)
     return p if p.with_suffix(".pdmodel").is_file() else None
 
 
@@ -165,18 +166,18 @@ def write_samples(folder: Path, pages: list[np.ndarray], lines: list[list[dict]]
     from pipeline.core.artifacts import atomic_write_text
     from pipeline.bundle.format import write_sample_pngs
 
-    names = write_sample_pngs(folder, pages, "samples/page_{:03d}.png")
+    names = write_sample_pngs(folder, pages, layout.SYSTEM_SAMPLE_PNG)
     items = [{"file": n, "lines": ln, **({"served_lines": served[i]} if served else {})}
              for i, (n, ln) in enumerate(zip(names, lines))]
-    atomic_write_text(folder / "samples" / "expected.json", json.dumps({"pages": items}, indent=1))
+    atomic_write_text(folder / layout.SYSTEM_SAMPLES_EXPECTED, json.dumps({"pages": items}, indent=1))
     return names
 
 
 def _sample_pages(folder: Path) -> tuple[list[np.ndarray], list[list[dict]], list[list[dict]]]:
     """(pages, the fp32 chain's lines, the served set's lines: the fp32 ones in bundles that serve fp32)."""
-    expected = json.loads((folder / "samples" / "expected.json").read_text())["pages"]
+    expected = json.loads((folder / layout.SYSTEM_SAMPLES_EXPECTED).read_text())["pages"]
     if not expected:
-        raise MissingArtifact(f"{folder}/samples/expected.json lists no sample pages")
+        raise MissingArtifact(f"{folder}/{layout.SYSTEM_SAMPLES_EXPECTED} lists no sample pages")
     pages = []
     for item in expected:
         pages.append(decode_file(folder / item["file"]))
@@ -200,10 +201,10 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     threads = threads or cpu_count()
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
     subs = subs_of(folder, cfg)
-    runs = {"server fp32": engine_set(lambda r, b: paddle_engine(b / "server/fp32/inference", "fp32", threads), subs)}
-    if all((b / "mobile/x86_fp32.nb").is_file() for b in subs.values()):
-        runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / "mobile/x86_fp32.nb", lite_shape(b), timeout),
-                                           subs)
+    runs = {"server fp32": engine_set(lambda r, b: paddle_engine(b / layout.FP32_PREFIX, "fp32", threads), subs)}
+    x86_nb = layout.mobile_nb("x86", "fp32")
+    if all((b / x86_nb).is_file() for b in subs.values()):
+        runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / x86_nb, lite_shape(b), timeout), subs)
     if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
         served = cfg.get("served") or {}
         runs["as served"] = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)

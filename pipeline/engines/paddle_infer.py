@@ -190,15 +190,21 @@ class InferenceEngine(Engine):
         self.int8_quantized = _int8_ops_done("".join(log))  # op type -> count the pass printout reports
         if precision == "int8":
             self.evidence["onednn_int8_ops"] = dict(self.int8_quantized)
-        if precision == "int8":
             self.notes.append(f"oneDNN int8 ops: {self.int8_quantized}")
         if want_evidence:
-            why = evidence.why_not_applied(precision, mkldnn=mkldnn, ir_optim=ir_optim, saved=saved,
-                                           simulated=capabilities.simulated(capabilities.BF16_FLAGS)
-                                           if precision == "bf16" else False)
-            self.effective_precision, proof = evidence.structural_label(precision, ops, why)
-            self.evidence.update(proof)
-            self.op_precisions = ops
+            self._label_from_program(precision, ops, mkldnn, ir_optim, saved)
+        self._bind_io()
+
+    def _label_from_program(self, precision: str, ops: dict, mkldnn: bool, ir_optim, saved: bool) -> None:
+        """effective_precision from the optimized program oneDNN really runs (bf16/int8 need that evidence)."""
+        why = evidence.why_not_applied(precision, mkldnn=mkldnn, ir_optim=ir_optim, saved=saved,
+                                       simulated=capabilities.simulated(capabilities.BF16_FLAGS)
+                                       if precision == "bf16" else False)
+        self.effective_precision, proof = evidence.structural_label(precision, ops, why)
+        self.evidence.update(proof)
+        self.op_precisions = ops
+
+    def _bind_io(self) -> None:
         ins, outs = self._predictor.get_input_names(), self._predictor.get_output_names()
         if len(ins) != 1 or len(outs) != 1:
             raise PipelineError(f"engine supports one input/one output, model has {ins} -> {outs}")
