@@ -43,17 +43,28 @@ def _int8_gate_passed(ctx) -> bool:
                for g in ctx.input_manifests["server"]["gates"])
 
 
+def _no_fp16_evidence(ctx) -> str:
+    """Why no executed row speaks for an arm fp16 .nb ("" when one does): the fp32 row says nothing about fp16
+    kernels, so only a passing Paddle Inference fp16 row (run, emulated on a CPU) that kept no op in fp32 may."""
+    rows = {g["subject"]: g for g in ctx.input_manifests["server"]["gates"]}
+    g = rows.get("paddle-inference fp16")
+    if g is None or g["status"] != OK:
+        state = "no such row ran" if g is None else f"it is {g['status']}"
+        return f"no passing Paddle Inference fp16 row to vouch for fp16 kernels ({state}; add fp16 to server.precisions)"
+    kept = g.get("extra", {}).get("evidence", {}).get("fp32_ops_user_black_list")
+    if kept:    # Lite's opt --fp16 picks fp16 kernels by its own rules: it has no black list to honour these
+        return (f"server 'paddle-inference fp16' ran {', '.join(kept)} in fp32 (server.fp16.keep_fp32_ops), which "
+                "Paddle Lite's fp16 conversion cannot keep")
+    return ""
+
+
 def _voucher(ctx, precision: str) -> str:
-    """The executed row that speaks for a .nb we cannot run: the Paddle Inference row of its precision
-    (same program before opt), else the fp32 row."""
+    """The executed row that speaks for a .nb we cannot run: the Paddle Inference row of its precision (same
+    program before opt); the fp32 row only for fp32 and weight-only files (int8 and fp16 are refused before
+    conversion without their own passing row: _convert)."""
     rows = {g["subject"]: g for g in ctx.input_manifests["server"]["gates"]}
     want = {"int8": "int8", "fp16": "fp16"}.get(precision, "fp32")
-    kept = ((rows.get("paddle-inference fp16") or {}).get("extra", {}).get("evidence", {})
-            .get("fp32_ops_user_black_list")) if want == "fp16" else None
-    if kept:    # Lite's opt --fp16 picks fp16 kernels by its own rules: it has no black list to honour these
-        return (f"nothing: server 'paddle-inference fp16' ran {', '.join(kept)} in fp32 "
-                "(server.fp16.keep_fp32_ops), which Paddle Lite's fp16 conversion cannot keep")
-    for subject in (f"paddle-inference {want}", "paddle-inference fp32"):
+    for subject in [f"paddle-inference {want}"] + (["paddle-inference fp32"] if want == "fp32" else []):
         g = rows.get(subject)
         if g and g["status"] == OK:
             value = f", {g['metric']} {g['value']:.4f}" if g.get("value") is not None else ""
@@ -120,6 +131,9 @@ def _convert(ctx, task, ops: list, target: str, precision: str, made: _Made) -> 
     if precision == "int8" and not _int8_gate_passed(ctx):
         return skipped("lite", subject, precision, task.primary_metric,
                        "no INT8 model that passed its Paddle Inference gate (server int8 row)")
+    no_fp16 = _no_fp16_evidence(ctx) if precision == "fp16" else ""
+    if no_fp16:
+        return skipped("lite", subject, precision, task.primary_metric, no_fp16)
     src = _source(ctx, precision)
     if src is None:
         return skipped("lite", subject, precision, task.primary_metric, "server stage made no INT8 model")

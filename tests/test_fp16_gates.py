@@ -265,6 +265,25 @@ def test_served_settings_carry_the_list_and_lite_fp16_is_not_vouched_for_by_it()
     row = {"subject": "paddle-inference fp16", "status": "OK", "metric": "m", "value": 0.9,
            "precision_effective": "fp16-emulated", "extra": {"evidence": {"fp32_ops_user_black_list": ["softmax"]}}}
     ctx = SimpleNamespace(input_manifests={"server": {"gates": [row]}})
-    assert lite._voucher(ctx, "fp16").startswith("nothing: ") and "softmax" in lite._voucher(ctx, "fp16")
+    assert "softmax" in lite._no_fp16_evidence(ctx)
     row["extra"]["evidence"]["fp32_ops_user_black_list"] = []
+    assert lite._no_fp16_evidence(ctx) == ""
     assert lite._voucher(ctx, "fp16").startswith("server 'paddle-inference fp16'")
+
+
+def test_an_arm_fp16_nb_needs_a_passing_fp16_row_not_the_fp32_one():
+    """The fp32 row says nothing about fp16 kernels: without an executed, passing fp16 row the arm fp16 .nb is
+    SKIPPED (never converted, never vouched for by fp32)."""
+    from types import SimpleNamespace
+
+    from stages import lite
+
+    fp32 = {"subject": "paddle-inference fp32", "status": "OK", "metric": "m", "value": 0.9,
+            "precision_effective": "fp32", "extra": {}}
+    fp16 = {**fp32, "subject": "paddle-inference fp16", "status": "FAIL", "precision_effective": "fp16-emulated"}
+    for rows, why in (([fp32], "no such row ran"), ([fp32, fp16], "it is FAIL")):
+        ctx = SimpleNamespace(input_manifests={"server": {"gates": rows}})
+        assert why in lite._no_fp16_evidence(ctx)
+        assert lite._voucher(ctx, "fp16").startswith("nothing")
+    fp16["status"] = "OK"
+    assert lite._no_fp16_evidence(ctx) == "" and "fp16-emulated" in lite._voucher(ctx, "fp16")
