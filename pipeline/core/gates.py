@@ -240,7 +240,23 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
     gate.extra["compared_as"] = kind
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
              min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix)
+    if kind == "probabilities" and gate.checks[0].passed:
+        _probability_range(gate, candidate)
     return _note_same_decoding(gate)
+
+
+PROB_SLACK = 0.01     # rounding of p ~ 0 or 1 (bf16 has 8 bits of mantissa); a logit is almost never in [0, 1]
+
+
+def _probability_range(gate: Gate, candidate: np.ndarray) -> None:
+    """Outputs the reference gives as probabilities must be probabilities: a dropped softmax/sigmoid keeps every
+    argmax (agreement and metric cannot see it) and low precision has no elementwise bound (prob_atol null)."""
+    out = int(np.count_nonzero((candidate < -PROB_SLACK) | (candidate > 1 + PROB_SLACK)))
+    gate.checks.append(Check("values_outside_0_1", float(out), 0.0, "<=", out == 0,
+                             detail=f"the reference's outputs are probabilities (slack {PROB_SLACK:g})"))
+    if out:
+        gate.status = FAIL
+        gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
 
 
 def _note_same_decoding(gate: Gate) -> Gate:

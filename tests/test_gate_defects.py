@@ -1,0 +1,200 @@
+"""Every default tolerance proves it can fail: a realistic defect planted in an engine's output, each gate family at
+its DEFAULT setting (configs/defaults.yaml), through the functions the stages call (gates.evaluate_tol for export,
+server, HTTP and Lite rows; verify_model's sample check for bundles; the system stage's row for OCR lines).
+
+The model is tests/gate_defect_model.py's tiny colour CNN (trained in ~10 s), run in numpy at fp32 or with fp16,
+bf16 or int8 rounding; every honest engine must pass the same gate, so a test here cannot pass by failing everything.
+What a default cannot catch is written down in docs/gates.md (and asserted below where it is a limit of the data).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gate_defect_model as m
+from pipeline.core.config import load_config
+from pipeline.core.gates import FAIL, OK, Gate, evaluate_tol
+from pipeline.tasks import get_task
+
+# family -> (config key of its tolerance, the precision its engine runs). The HTTP row gates what came back over
+# HTTP with the served precision's tolerance: server.gates.fp32 when fp32 is served (the default)
+FAMILIES = {"export": ("export.gate", "fp32"), "server fp32": ("server.gates.fp32", "fp32"),
+            "http": ("server.gates.fp32", "fp32"), "lite x86": ("lite.gate", "fp32"),
+            "fp16": ("server.gates.fp16", "fp16"), "bf16": ("server.gates.bf16", "bf16"),
+            "int8": ("server.gates.int8", "int8")}
+LOGIT_DEFECTS = ("layer_scaled", "bgr")
+PROB_DEFECTS = ("bgr", "no_softmax")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    weights = m.train()
+    xv, yv = m.render(512, 7)
+    xc, _ = m.render(256, 8)            # int8 calibration images (not the gated ones)
+    return {"w": weights, "x": xv, "y": yv, "calib": xc, "cfg": load_config([])}
+
+
+def _tolerance(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def _engine(s, weights, precision: str, softmax: bool) -> m.Engine:
+    eng = m.Engine(weights, precision, softmax)
+    return eng.calibrate(s["calib"]) if precision == "int8" else eng
+
+
+def _outputs(s, precision: str, softmax: bool, defect: str | None) -> np.ndarray:
+    """Memoised per module (the families share engines): ~0.3 s per int8 run on a loaded 2-core host."""
+    memo = s.setdefault("memo", {})
+    k = (precision, softmax, defect, len(s["x"]))
+    if k not in memo:
+        memo[k] = _run(s, precision, softmax, defect)
+    return memo[k]
+
+
+def _run(s, precision: str, softmax: bool, defect: str | None) -> np.ndarray:
+    weights = {"layer_scaled": m.layer_scaled, "channel_scale": m.channel_scale_wrong,
+               "per_tensor_scale": m.per_tensor_scale}.get(defect, lambda w: w)(s["w"])
+    x = m.bgr(s["x"]) if defect == "bgr" else s["x"]
+    return _engine(s, weights, precision, softmax and defect != "no_softmax").run(x)
+
+
+def _gate(s, family: str, softmax: bool, defect: str | None) -> Gate:
+    key, precision = FAMILIES[family]
+    task = get_task("classification", {"outputs": "probabilities" if softmax else "logits"})
+    ref = _outputs(s, "fp64", softmax, None)
+    out = _outputs(s, precision, softmax, defect)
+    gate = Gate("test", family, precision, precision, "accuracy", reference=task.metrics(ref, s["y"])["accuracy"])
+    return evaluate_tol(gate, out, ref, _tolerance(s["cfg"], key), task.metrics(out, s["y"])["accuracy"], task, key)
+
+
+def test_the_model_decides(setup):
+    """The defects are judged on a model that reads its data (a gate on a model at chance means nothing)."""
+    ref = m.Engine(setup["w"], "fp64").run(setup["x"])
+    assert (ref.argmax(1) == setup["y"]).mean() >= 0.95
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["logits", "probabilities"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_honest_engine_passes_the_default(setup, family, softmax):
+    g = _gate(setup, family, softmax, None)
+    assert g.status == OK, g.reason
+
+
+@pytest.mark.parametrize("defect", LOGIT_DEFECTS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_defect_fails_the_default_on_logits(setup, family, defect):
+    g = _gate(setup, family, False, defect)
+    assert g.status == FAIL, (family, defect, [c.describe() for c in g.checks])
+    assert FAMILIES[family][0] in g.reason          # the message names the key that set the limit
+
+
+@pytest.mark.parametrize("defect", PROB_DEFECTS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_defect_fails_the_default_on_probabilities(setup, family, defect):
+    """A dropped softmax keeps every argmax: low precision (prob_atol null) catches it by the probability range."""
+    g = _gate(setup, family, True, defect)
+    assert g.status == FAIL, (family, defect, [c.describe() for c in g.checks])
+
+
+@pytest.mark.parametrize("defect", ["channel_scale", "per_tensor_scale"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if FAMILIES[f][1] in ("fp32", "fp16", "bf16")])
+def test_a_wrong_per_channel_scale_fails_fp32_fp16_bf16(setup, family, defect):
+    """Logits everywhere; probabilities where they are compared elementwise (fp32) or where the defect changes
+    decisions (one channel off: 4 % of argmaxes). A per-tensor scale keeps 99 % of the decisions: fp16/bf16 compare
+    probabilities by decisions only (see test_a_scaled_layer_on_probabilities_passes_low_precision)."""
+    decisions_only = FAMILIES[family][1] != "fp32" and defect == "per_tensor_scale"
+    for softmax in (False,) if decisions_only else (False, True):
+        g = _gate(setup, family, softmax, defect)
+        assert g.status == FAIL, (family, defect, softmax, [c.describe() for c in g.checks])
+
+
+def test_int8_catches_a_per_tensor_scale_only_where_it_exceeds_int8_noise(setup):
+    """int8's own error bounds what it can see: a per-tensor scale for a per-channel layer moves logits by ~0.4 of
+    their scale (rtol 0.5 lets it through), one channel's scale off by one moves them ~0.16 and costs 0.03 accuracy
+    (metric_delta 0.04). Both stay below int8's honest error on a model that decides (crnn: 0.22 of the scale,
+    drop 0.02): written down in docs/gates.md, asserted here so a changed default re-opens the question."""
+    for defect in ("per_tensor_scale", "channel_scale"):
+        g = _gate(setup, "int8", False, defect)
+        diff = next(c for c in g.checks if c.name == "max_abs_diff")
+        assert g.status == OK and diff.observed < diff.limit, defect
+
+
+def test_a_scaled_layer_on_probabilities_passes_low_precision(setup):
+    """fp16/bf16/int8 compare probabilities by decisions only (prob_atol null: PP-OCRv4 rec's fp16 moved one CTC step's
+    probability by 0.998): a layer x2 keeps the decisions, so it passes there; the fp32 families catch it."""
+    for family in ("fp16", "bf16", "int8"):
+        for defect in ("layer_scaled", "per_tensor_scale"):
+            assert _gate(setup, family, True, defect).status == OK, (family, defect)
+    assert _gate(setup, "server fp32", True, "layer_scaled").status == FAIL
+
+
+# ---- bundle samples (`verify`) -------------------------------------------------------------------------------
+
+def _bundle_checks(s, softmax: bool, defect: str | None) -> list[dict]:
+    from pipeline.bundle.verify_model import _checks
+
+    bc = s["cfg"].bundle
+    cfg = {"task": "classification", "postprocess": {"outputs": "probabilities" if softmax else "logits"},
+           "sample_check": {"atol": bc.sample_atol, "rtol": bc.sample_rtol, "prob_atol": bc.sample_prob_atol}}
+    expected = m.Engine(s["w"], "fp64", softmax).run(s["x"][:8])           # bundle.samples: 8
+    sub = {**s, "x": s["x"][:8], "memo": {}}
+    return _checks("server fp32", _outputs(sub, "fp32", softmax, defect), expected, cfg)
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["logits", "probabilities"])
+def test_bundle_samples_catch_every_defect_at_the_default(setup, softmax):
+    assert all(c["passed"] for c in _bundle_checks(setup, softmax, None))
+    for defect in ("layer_scaled", "channel_scale", "bgr") + (("no_softmax",) if softmax else ()):
+        failed = [c for c in _bundle_checks(setup, softmax, defect) if not c["passed"]]
+        assert failed and "bundle.sample_" in failed[0]["key"], defect
+
+
+# ---- OCR system lines: a wrong dictionary line ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    from pipeline.data.invoice_pages import keys_for, load_or_render
+    from pipeline.data.textlines import DEFAULT_CHARSET
+
+    p = load_or_render(8, 4242, 320, 320, max_boxes=64, charset=DEFAULT_CHARSET, max_len=16,
+                       cache_dir=tmp_path_factory.mktemp("pages"))
+    return p, keys_for(DEFAULT_CHARSET)
+
+
+def _read(pages, wrong: dict[str, str] | None = None) -> list[list[dict]]:
+    """What a chain reads when every line is read right, decoded with a dictionary whose line for each key of
+    `wrong` holds the value instead (greedy CTC maps each class to its line: the same as replacing that character)."""
+    from pipeline.data.invoice_pages import unpack_quads
+
+    table = str.maketrans(wrong or {})
+    out = []
+    for quads, texts in zip(unpack_quads(pages["quads"]), pages["texts"]):
+        texts = [t for t in texts if t]
+        out.append([{"box": q.tolist(), "text": t.translate(table), "score": 0.99} for q, t in zip(quads, texts)])
+    return out
+
+
+@pytest.mark.parametrize("row", ["fp16", "bf16", "int8", "lite", "engines", "http"])
+def test_system_rows_catch_a_wrong_dictionary_line(pages, row):
+    """Each system row's default (system.gates.<row>) against the fp32 chain: identical reading passes, a dictionary
+    whose line for a digit holds another digit fails (digits carry the amounts, dates and invoice numbers)."""
+    from pipeline.ocr.system_metrics import agreement
+    from stages.system import _row
+
+    p, keys = pages
+    limit = load_config([]).system.gates[row]
+    fp32 = _row("fp32", "fp32", "fp32", _read(p), p, keys, floors=(0.0, 0.0))
+    for digit, other in (("0", "8"), ("1", "7"), ("5", "6")):
+        honest = _read(p)
+        bad = _read(p, {digit: other})
+        if row == "http":                   # the /ocr row: lines differing from the chain, at most system.gates.http
+            assert 1.0 - agreement(honest, _read(p)) <= limit
+            assert 1.0 - agreement(bad, _read(p)) > limit, digit
+            continue
+        ok = _row(row, row, row, honest, p, keys, fp32.extra, _read(p), limit)
+        g = _row(row, row, row, bad, p, keys, fp32.extra, _read(p), limit)
+        assert ok.status == OK and g.status == FAIL, (row, digit, g.reason)
