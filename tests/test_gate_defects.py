@@ -4,7 +4,7 @@ server, HTTP and Lite rows; verify_model's sample check for bundles; the system 
 
 The model is tests/gate_defect_model.py's tiny colour CNN (trained in ~10 s), run in numpy at fp32 or with fp16,
 bf16 or int8 rounding; every honest engine must pass the same gate, so a test here cannot pass by failing everything.
-What a default cannot catch is written down in docs/gates.md (and asserted below where it is a limit of the data).
+What a default cannot catch is written down in docs/stages.md "Gates" (and asserted below where it is a limit of the data).
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_int8_catches_a_per_tensor_scale_only_where_it_exceeds_int8_noise(setup)
     """int8's own error bounds what it can see: a per-tensor scale for a per-channel layer moves logits by ~0.4 of
     their scale (rtol 0.5 lets it through), one channel's scale off by one moves them ~0.16 and costs 0.03 accuracy
     (metric_delta 0.04). Both stay below int8's honest error on a model that decides (crnn: 0.22 of the scale,
-    drop 0.02): written down in docs/gates.md, asserted here so a changed default re-opens the question."""
+    drop 0.02): written down in docs/stages.md "Gates", asserted here so a changed default re-opens the question."""
     for defect in ("per_tensor_scale", "channel_scale"):
         g = _gate(setup, "int8", False, defect)
         diff = next(c for c in g.checks if c.name == "max_abs_diff")
