@@ -189,3 +189,18 @@ def test_the_docs_say_what_make_test_runs_end_to_end():
     claims = _documented_make_test_archs()
     assert claims, "no page says which architectures `make test` runs end to end"
     assert all(archs == set(FAST) for _, archs in claims), claims
+
+
+def test_the_system_stage_turns_any_engine_exception_into_that_rows_fail(tmp_path):
+    """The OCR system's pair rows caught only PipelineError: a RuntimeError from an engine crashed the stage."""
+    from stages.system import _Chain, _pair_row
+
+    subs = {"detection": tmp_path, "recognition": tmp_path}
+    chain = _Chain({"images": []}, {}, None, {}, [], subs, evidence=tmp_path / "evidence")
+
+    def make(role, bundle):
+        raise RuntimeError("engine exploded")
+
+    g = _pair_row(chain, "onnxruntime fp32", "fp32", make, 0.01)
+    assert g.status == "FAIL" and g.reason == "RuntimeError: engine exploded"
+    assert (tmp_path / "evidence" / "onnxruntime_fp32.txt").is_file()
