@@ -112,11 +112,12 @@ def test_a_wrong_per_channel_scale_fails_fp32_fp16_bf16(setup, family, defect):
         assert g.status == FAIL, (family, defect, softmax, [c.describe() for c in g.checks])
 
 
-def test_int8_catches_a_per_tensor_scale_only_where_it_exceeds_int8_noise(setup):
+def test_int8_misses_scale_errors_inside_its_own_noise(setup):
     """int8's own error bounds what it can see: a per-tensor scale for a per-channel layer moves logits by ~0.4 of
-    their scale (rtol 0.5 lets it through), one channel's scale off by one moves them ~0.16 and costs 0.03 accuracy
+    their scale (rtol 0.75 lets it through), one channel's scale off by one moves them ~0.16 and costs 0.03 accuracy
     (metric_delta 0.04). Both stay below int8's honest error on a model that decides (crnn: 0.22 of the scale,
-    drop 0.02): written down in docs/stages.md "Gates", asserted here so a changed default re-opens the question."""
+    drop 0.02; resnet18 Paddle Inference: 0.65): written down in docs/stages.md "Gates", asserted here so that a
+    changed default re-opens the question."""
     for defect in ("per_tensor_scale", "channel_scale"):
         g = _gate(setup, "int8", False, defect)
         diff = next(c for c in g.checks if c.name == "max_abs_diff")
