@@ -81,7 +81,7 @@ def built_flags(folder: Path) -> frozenset | None:
     import json
 
     try:
-        caps = json.loads((Path(folder) / "manifest.json").read_text())["hardware"]["capabilities"]
+        caps = json.loads((Path(folder) / bundle_layout.MANIFEST).read_text())["hardware"]["capabilities"]
         return frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -66,7 +66,7 @@ def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
 def measured_on(sub: Path) -> dict | None:
     """The CPU a model bundle's rows were gated and timed on (its manifest's hardware record)."""
     try:
-        hw = json.loads((Path(sub) / "manifest.json").read_text())["hardware"]
+        hw = json.loads((Path(sub) / layout.MANIFEST).read_text())["hardware"]
     except (OSError, ValueError, KeyError):
         return None
     caps = hw.get("capabilities") or {}

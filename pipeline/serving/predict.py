@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +40,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
                           batching: dict | None = None, request_timeout_s: float | None = REQUEST_TIMEOUT_S):
     """App for an exported model + the infer_config structure (used by the server stage before a bundle exists).
 
-    engine: an already loaded pipeline.engines.base.Engine to serve (default: Paddle Inference on model_prefix).
-
+    engine: an already loaded pipeline.engines.base.Engine to serve (default: Paddle Inference on model_prefix);
     max_pixels: images above it get 413 from their header, before decoding; max_concurrency: requests in
     progress at once (bodies + decoded images held in memory), more get 429; request_timeout_s: a request's
     budget from its headers to its answer (408/503 past it; None: no budget). log_requests: one log line per
@@ -68,14 +68,7 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
                 "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
-    def answer(out: np.ndarray, sizes: list | None, how: str | None, t0: float) -> str:
-        preds = task.decode(out, infer_cfg["postprocess"], sizes) if sizes else task.decode(out, infer_cfg["postprocess"])
-        body = {"model": name, "task": task.name, "predictions": preds,
-                "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
-        if how:
-            _add_outputs(body, out, how)
-        # json.dumps straight to a string: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
-        return json.dumps(body, separators=(",", ":"))
+    answer = functools.partial(_answer, task, name, infer_cfg["postprocess"])
 
     async def predict(request: Request):
         x, sizes = await _read_input(request, infer_cfg, want, max_body, max_pixels, prep)
@@ -89,9 +82,8 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
         text = answer(*args) if out.size <= INLINE_OUTPUTS else await off_loop(prep, answer, *args)
         return Response(text, media_type="application/json")
 
-    # POST is answered by _HotRoutes, ahead of the router; the endpoint takes no typed parameters (FastAPI's
-    # per-request dependency solving cost ~0.07 ms, measured in-process). It is registered with the router
-    # too, so other methods get 405 there.
+    # POST is answered by _HotRoutes, ahead of the router; the endpoint takes no typed parameters (FastAPI's per-request
+    # dependency solving cost ~0.07 ms, measured in-process). Registered with the router too: other methods get 405
     app.state.hot_routes["/predict"] = predict
     app.add_route("/predict", predict, methods=["POST"])
 
@@ -102,6 +94,17 @@ def create_app_from_model(model_prefix: str, infer_cfg: dict, *, threads: int = 
     app.state.engine, app.state.runner, app.state.batching = engine, runner, runner.batching
     app.state.endpoints = "POST /predict, GET /health, KServe v2 under /v2"
     return app
+
+
+def _answer(task, name: str, post: dict, out: np.ndarray, sizes: list | None, how: str | None, t0: float) -> str:
+    """The /predict answer body: decoded predictions (+ raw outputs when asked), as a JSON string."""
+    preds = task.decode(out, post, sizes) if sizes else task.decode(out, post)
+    body = {"model": name, "task": task.name, "predictions": preds,
+            "inference_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+    if how:
+        _add_outputs(body, out, how)
+    # json.dumps straight to a string: FastAPI's jsonable_encoder walk cost ~5x more than the encoding
+    return json.dumps(body, separators=(",", ":"))
 
 
 def _checked_engine(model_prefix: str, infer_cfg: dict, engine, threads: int):
