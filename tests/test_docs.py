@@ -16,6 +16,8 @@ SPAN = re.compile(r"`([^`\n]+)`")
 
 # Commands the pages write that really run elsewhere, and what runs them (a test function or CI's entry point).
 # The smoke-sized runs of those tests go through the same targets' code paths (`make X` = `python -m pipeline run X`).
+# The benchmarks and the real-model runs (make bench-*, real-ocr, test-profiles, conformance over the whole zoo)
+# take minutes to hours: no test runs them; test_every_make_target_written_exists checks them with `make -n`.
 RUN_ELSEWHERE = {
     "make test": ".ci/run",
     "make train export deploy": "tests/test_chain.py::test_every_gate_passed",
@@ -28,6 +30,8 @@ RUN_ELSEWHERE = {
     "make summary": "tests/test_bad_inputs.py::test_subprocess_case",
     "make conformance": "tests/test_zoo.py::test_conformance_fast_subset_end_to_end",
     "make test-ocr": "tests/test_ocr_chain.py::test_system_rows_and_bundle",
+    "make fetch-ppocr": "tests/test_ppocr.py::test_real_det_on_a_real_page_in_its_own_frame",
+    "make history": "tests/test_regression.py::test_check_run_junit_report_history_and_baselines",
     "python -m pipeline serve": "tests/test_ocr_chain.py::test_serve_cli_answers_ocr_on_the_system_bundle",
     "python -m pipeline verify": "tests/test_bundle.py::test_verify_cli_passes_on_a_fresh_bundle",
     "python -m pipeline run": "tests/test_chain.py::test_every_gate_passed",
