@@ -102,13 +102,14 @@ def test_metrics_jsonl_has_every_field_per_epoch(baseline):
 # time, however busy the machine, instead of racing a timed poll against a fast epoch.
 HOLD_AFTER_CHECKPOINT = """
 import sys, time
+from pipeline.core import console
 from pipeline.training import checkpoint
 from pipeline.tasks.classification import ClassificationTask
 ckpt, real = sys.argv.pop(1), ClassificationTask.loss
 def loss(self, logits, labels):
     meta = checkpoint.read_meta(ckpt)
     if meta is not None and meta["epoch"] == 0:
-        print("HOLDING: epoch 1 checkpoint is on disk", file=sys.stderr, flush=True)
+        print("HOLDING: epoch 1 checkpoint is on disk", file=console.stream(), flush=True)   # not the native log
         time.sleep(600)
     return real(self, logits, labels)
 ClassificationTask.loss = loss
