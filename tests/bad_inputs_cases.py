@@ -875,6 +875,12 @@ CONFIG += [
     _serve_cfg("grace-negative", "serve.grace_s=-1", "serve.grace_s=-1", "serve.grace_s"),
     _serve_cfg("keepalive-zero", "serve.keepalive_s=0", "serve.keepalive_s=0", "serve.keepalive_s"),
 ]
+CONFIG += [      # serving hardening (issue 30): the two new serve.* keys
+    _serve_cfg("request-timeout-negative", "serve.request_timeout_s=-1", "serve.request_timeout_s=-1",
+               "serve.request_timeout_s"),
+    _serve_cfg("max-boxes-text", "serve.max_boxes_per_page=many", "serve.max_boxes_per_page=many",
+               "serve.max_boxes_per_page"),
+]
 
 
 class _Held:

@@ -42,7 +42,7 @@ MAX_BATCH = 64
 REQUEST_TIMEOUT_S = 60.0             # a dense real page took 21-29 s of CPU on /ocr (issue 30); 60 s leaves room
 
 
-MAX_BOXES_PER_PAGE = 500             # /ocr: boxes read per page, in reading order (~25 ms of CPU each, issue 30)
+MAX_BOXES_PER_PAGE = 500             # /ocr: boxes read per page (issue 30: ~900 boxes of a dense page took 21-29 s)
 
 
 # inputs this small are decoded/parsed on the event loop: the thread-pool hop (~0.1 ms measured here) costs more
