@@ -114,3 +114,69 @@ def test_load_engine_logs_one_line_and_records_the_choice(tmp_path, monkeypatch,
     assert len(lines) == 1 and lines[0].startswith("recognition: the bundle recommends openvino bf16")
     assert eng.kind == "openvino" and eng.serving["precision"] == "fp32" and eng.serving["cpu"]
     eng.close()
+
+
+def _model_bundle(tmp_path: Path, built: frozenset) -> Path:
+    import yaml
+
+    folder, cfg = _bundle(tmp_path, built)
+    cfg.update(task="recognition", input={"shape": [-1, 3, 48, 320]}, preprocess={}, postprocess={})
+    (folder / "infer_config.yaml").write_text(yaml.safe_dump(cfg))
+    return folder
+
+
+def test_a_part_says_what_it_serves_and_why(tmp_path, monkeypatch):
+    """The system bundle's served.<part>: the recommendation as this CPU runs it, or the config's pin."""
+    from pipeline.bundle.system import part_serving
+    from pipeline.core.errors import ConfigError
+
+    sub = _model_bundle(tmp_path, _flags("intel_amx", "", monkeypatch))
+    got = part_serving(sub, role="recognition")
+    assert (got["engine"], got["precision"], got["by"]) == ("openvino", "bf16", "recommendation")
+    assert got["why"] == "fastest within budget" and got["speedup_vs_fp32"] == 2.0 and "cpu" not in got
+    assert got["measured_on"]["bf16"] == ["amx_bf16", "avx512_bf16"] and got["model"] == "server/onnx/model.onnx"
+    pinned = part_serving(sub, "onnxruntime fp32", "recognition")
+    assert pinned["by"] == "pinned (system.pin.recognition)" and "recommended: openvino bf16" in pinned["why"]
+    with pytest.raises(ConfigError, match="onnxruntime does not serve 'bf16'"):
+        part_serving(sub, "onnxruntime bf16", "recognition")
+    _flags("intel_amx", "no-bf16", monkeypatch)
+    moved = part_serving(sub, role="recognition")
+    assert (moved["engine"], moved["precision"]) == ("onnxruntime", "int8") and "lacks avx512_bf16" in moved["cpu"]
+
+
+def test_system_pin_is_checked(tmp_path, monkeypatch):
+    from stages.system import _parts_served
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import ConfigError
+
+    base = ["configs/ppocr_v4_system.yaml"]
+    with pytest.raises(ConfigError, match="expected '<engine> <precision>'"):
+        load_config(base, ["system.pin={recognition: openvino-fp32}"])
+    sub = _model_bundle(tmp_path, _flags("intel_amx", "", monkeypatch))
+    sc_cfg = load_config(base, ["system.pin={recognition: 'openvino fp32'}"]).system
+    assert _parts_served(sc_cfg, {"recognition": sub})["recognition"]["engine"] == "openvino"
+    with pytest.raises(ConfigError, match="no part for"):
+        _parts_served(sc_cfg, {"detection": sub})
+    with pytest.raises(ConfigError, match="needs system.engine: auto"):
+        _parts_served(load_config(base, ["system.engine=onnxruntime", "system.pin={recognition: 'openvino fp32'}"]
+                                  ).system, {"recognition": sub})
+
+
+def test_bench_ocr_targets_follow_the_cpu():
+    """Issue 29's bench-ocr targets: 3x RapidOCR 1.4.4 on AVX-512 (1.2x elsewhere), RapidOCR 3.10 f32, and RapidOCR
+    3.10 as shipped only where it ships bf16."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ocr", Path(__file__).resolve().parent.parent / "scripts"
+                                                  / "bench_ocr.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sys_ = {"ours": {"agreement": 1.0, "known": 9, "of_known": 9}, "rapid": {"ours_vs": 2.5},
+            "rapid3_f32": {"ours_vs": 1.1}, "rapid3_shipped": {"ours_vs": 0.9}}
+    res = {"systems": sys_, "cpu": {"avx512": True, "bf16": True}}
+    got = {what.split(" (")[0]: (lim, ok) for what, _, lim, ok in bench.targets(res)}
+    assert got["ours / RapidOCR 1.4.4 pages/s"] == (3.0, False) and got["ours / RapidOCR 3.10 OpenVINO f32 pages/s"] \
+        == (1.0, True) and got["ours / RapidOCR 3.10 OpenVINO as shipped pages/s"] == (1.0, False)
+    got = {what.split(" (")[0]: (lim, ok) for what, _, lim, ok in
+           bench.targets({**res, "cpu": {"avx512": False, "bf16": False}})}
+    assert got["ours / RapidOCR 1.4.4 pages/s"] == (1.2, True) and not any("as shipped" in w for w in got)

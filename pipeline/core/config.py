@@ -524,8 +524,8 @@ def _merge(base: dict, extra: dict, origin: str, prefix: str = "") -> dict:
 
 
 def _is_free_mapping(prefix: str) -> bool:
-    """Mappings whose keys are user-defined (model constructor args)."""
-    return prefix in ("model.args.",)
+    """Mappings whose keys are user-defined (model constructor args; system.pin's parts, checked by its validator)."""
+    return prefix in ("model.args.", "system.pin.")
 
 
 def split_overrides(text: str) -> list[str]:
