@@ -142,7 +142,7 @@ def test_the_cli_refuses_an_untranslated_op_in_one_line(tmp_path):
 
 def test_yml_hints_and_mismatches(v5):
     det, rec = pir_yml.hints(v5["det"]), pir_yml.hints(v5["rec"])
-    assert det["detection.limit_side_len"] == 960 and det["detection.limit_type"] == "max"
+    assert det["detection.limit_side_len"] == 960 and det["detection.limit_type"] == "resize_long"
     assert det["detection.mean"] == [0.485, 0.456, 0.406] and det["detection.box_thresh"] == 0.6
     assert rec["data.height"] == 48 and len(rec["dictionary"]) + 2 == 18385     # + space + blank
     bad = pir_yml.mismatches(v5["det"], {"detection": {"limit_side_len": 736, "mean": [0.5, 0.5, 0.5],

@@ -199,10 +199,32 @@ def load_params(model, path: str | Path, allow_partial: bool, max_bytes: int | N
     return report
 
 
+def _is_pir(path) -> bool:
+    from pipeline.models.pir import is_pir_model
+    return is_pir_model(path) and not is_inference_model(path)
+
+
+def _trainable_pir(path):
+    """trainable() of a PIR export translated into a scratch folder (jit.load reads it whole; removed after)."""
+    import shutil
+    import tempfile
+
+    from pipeline.models.pir import resolve_dir, translate
+
+    scratch = Path(tempfile.mkdtemp(prefix="pir-"))
+    try:
+        translate(resolve_dir(path, "model.pretrained"), scratch / "inference")
+        return trainable(scratch / "inference")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def build(task, model_cfg: dict, info: dict, load_pretrained: bool = True):
     """The model `train` trains and `export` saves: model.pretrained as an inference program (made trainable),
     or the builder's Layer with model.pretrained .pdparams loaded by name → (layer, report or None)."""
     pre = model_cfg.get("pretrained")
+    if pre and _is_pir(pre):                      # a Paddle 3 export (e.g. PP-OCRv5): translated, then as below
+        return _trainable_pir(pre), {"kind": "inference program (Paddle 3 PIR, translated)", "path": str(pre)}
     if pre and is_inference_model(pre):
         prefix = resolve_prefix(pre, "model.pretrained", model_cfg.get("max_file_bytes"))
         return trainable(prefix), {"kind": "inference program", "path": str(pre)}

@@ -57,8 +57,9 @@ def hints(folder: Path) -> dict:
         r = ops["DetResizeForTest"]
         side = r.get("resize_long") or r.get("limit_side_len")
         if side:
-            out.update({"detection.resize": "limit", "detection.limit_side_len": int(side),
-                        "detection.limit_type": "max" if "resize_long" in r else r.get("limit_type", "min")})
+            out.update({"detection.resize": "limit", "detection.limit_side_len": int(side),   # resize_long: the
+                        "detection.limit_type": "resize_long" if "resize_long" in r    # long side becomes it,
+                        else r.get("limit_type", "min")})                              # up or down (PaddleOCR)
     norm = ops.get("NormalizeImage")
     if norm:
         out.update({"detection.mean": [float(v) for v in norm["mean"]], "detection.std": [float(v) for v in norm["std"]]})
