@@ -122,6 +122,7 @@ pir-check: $(STAMP) fetch-ppocr-v5
 	    [translate(f'.cache/ppocr_v5/{m}', f'$$d/{m}/inference') for m in ('det', 'rec')]"; \
 	  $(PY) -m pipeline.models.pir_check "$$d/det/inference" "$$d/rec/inference" \
 	    tests/data/pir/paddle3_ref.npz tests/data/pir/onnx_ref.npz
+	$(PY) scripts/pir_rows.py
 
 # The OCR system on PaddleOCR's pretrained PP-OCRv4 det + mobile cls + v4 rec (configs/ppocr_v4_system.yaml):
 # fetch, import each model as its own run (train = import: hashed, checked, gated on synthetic data), deploy
