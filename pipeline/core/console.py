@@ -22,6 +22,12 @@ from typing import Iterator
 
 QUIET_ENV = "PIPELINE_QUIET"
 _capture: dict = {}          # while native output is captured: {"console": TextIO, "log": path}
+_keep = {"here": False}      # a process whose fds are already its own log (a training rank's workerlog.N)
+
+
+def keep_native_output_here() -> None:
+    """Leave fds 1 and 2 where they are for this process: native_output_to becomes a no-op."""
+    _keep["here"] = True
 
 
 def quiet() -> bool:
@@ -108,8 +114,8 @@ def _real_fd(s, fd: int) -> bool:
 def native_output_to(log_path: Path, title: str = "") -> Iterator[Path]:
     """Fds 1 and 2 -> `log_path` (appended) for the duration; our own output keeps going to the console.
     Nested uses (a stage inside a stage's process) keep the outer capture."""
-    if _capture:
-        yield Path(_capture["log"])
+    if _capture or _keep["here"]:
+        yield Path(_capture.get("log") or log_path)
         return
     log_path = Path(log_path)
     with contextlib.suppress(OSError):

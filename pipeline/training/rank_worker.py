@@ -71,11 +71,12 @@ def _worker(argv: list[str]) -> int:
     import traceback
 
     from pipeline.core import env
-    from pipeline.core.console import setup_logging
+    from pipeline.core.console import keep_native_output_here, setup_logging
     from pipeline.core.config import load_config
     from pipeline.core.errors import PipelineError
 
     setup_logging()
+    keep_native_output_here()     # this rank's fds are its workerlog.N already: gloo's abort text is read from there
     p = argparse.ArgumentParser()
     p.add_argument("-c", "--config", action="append", default=[])
     p.add_argument("--force", action="store_true")
