@@ -22,7 +22,7 @@ from pipeline import ocr
 from pipeline.engines import evidence
 from pipeline.core.artifacts import write_json
 from pipeline.core.errors import PipelineError
-from pipeline.core.gates import FAIL, Gate, evaluate_tol, run_row, skipped
+from pipeline.core.gates import FAIL, Gate, apply_role, evaluate_tol, run_row, skipped
 from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.bundle.serving_choice import precision_settings
 from pipeline.tasks.reference import load_reference
@@ -54,16 +54,17 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
     batches = batches or ctx.batches
     out = engine.run_batched(x, batches["gate"])
     value = task.metrics(out, labels)[task.primary_metric] if np.isfinite(out).all() else float("nan")
-    checked, ref_checked = out, ref_out
+    checked, ref_checked, checked_labels = out, ref_out, labels
     if isinstance(engine, ShapeRouted):   # the batch-1 instance has its own settings and answers single requests
         k = min(len(x), batches["gate"])
         checked = np.concatenate([out, *(engine.run(x[i:i + 1]) for i in range(k))])
         ref_checked = np.concatenate([ref_out, ref_out[:k]])
+        checked_labels = np.concatenate([labels, labels[:k]])
     label, proof = engine.effective_precision, dict(engine.evidence)
     if requested != "fp32" and np.isfinite(out).all():     # a low-precision label must show in the numbers
         label, proof["outputs_vs_fp32"] = evidence.check_outputs(label, requested, out, ref_out)
     gate = Gate("server", f"{engine.kind} {name}", requested, label, task.primary_metric, reference=ref_metric)
-    evaluate_tol(gate, checked, ref_checked, tol, value, task, key=f"server.gates.{requested}")
+    evaluate_tol(gate, checked, ref_checked, tol, value, task, key=f"server.gates.{requested}", labels=checked_labels)
     if checked is not out:
         gate.extra["batch1_instance_samples"] = len(checked) - len(out)     # also inside the elementwise check
     pc = ctx.cfg.server.perf
@@ -78,6 +79,13 @@ def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested
         gate.extra["int8_ops"] = dict(engine.int8_quantized)      # what oneDNN really ran in INT8
     gate.seconds = round(time.perf_counter() - t0, 2)
     return gate
+
+
+def role_of(roles: dict, subject: str) -> str:
+    """server.roles by row subject ("onnxruntime int8"), else by its precision ("int8"); unnamed rows are required."""
+    if subject in roles:
+        return roles[subject]
+    return roles.get(subject.split()[-1], "required")
 
 
 def _device(cfg) -> str:
@@ -103,6 +111,7 @@ def run(ctx: StageContext) -> StageResult:
     gates = _paddle_rows(ctx, ref, calib, device, threads, info_out, tuning, served)
     if device == "cpu":
         gates += _onnx_rows(ctx, ref, calib, served, tuning)
+    gates = [apply_role(g, role_of(sc.roles, g.subject)) for g in gates]     # before serving: EXCLUDED is never served
     serving, engine = _recommend(ctx, ref, gates, served, tuning)
     if serving:
         serving["batching"] = _batching(ctx, engine, ref.info["input_shape"], ref.info["preprocess"])
@@ -133,7 +142,27 @@ def _paddle_rows(ctx, ref, calib, device: str, threads: int, info_out: dict, tun
                        ctx.out_dir / "evidence")
         if gate is not None:        # a precision Paddle Inference has no row for adds none
             gates.append(gate)
+        if prec == "bf16" and sc.bf16.emulated:
+            log.info("[server] bf16-emulated row")
+            gates.append(run_row("server", "paddle-inference bf16-emulated", "bf16", task.primary_metric,
+                                 lambda: _bf16_emulated_row(ctx, ref, common, info_out), ctx.out_dir / "evidence"))
     return gates
+
+
+def _bf16_emulated_row(ctx, ref, common: dict, info_out: dict) -> Gate:
+    """Every CPU: the program with its weights and each op's output rounded to bf16, fp32 math in between
+    (engines/amp_emulation.py): what bf16 costs, previewed where no bf16 kernel runs; labelled bf16-emulated,
+    never served. Gated like the real row (server.gates.bf16)."""
+    from pipeline.engines import paddle_infer as pi
+
+    emu = ctx.work_dir / "bf16_emulated" / "model"
+    info_out["bf16_emulation"] = pi.make_fp16_emulated(ref.model_prefix, emu, "bf16")
+    eng = pi.InferenceEngine(emu, "fp32", **common)      # the program says bf16-emulated (its casts), not the request
+    batches = batch_sizes(ctx.cfg, emu, ref.inputs)        # the rounding casts add tensors, as for fp16
+    gate = _row(ctx, ref.task, "bf16-emulated", eng, ref.inputs, ref.outputs, ref.labels, ref.metric,
+                ctx.cfg.server.gates["bf16"], "bf16", batches=batches)
+    gate.subject = "paddle-inference bf16-emulated"
+    return gate
 
 
 def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info_out: dict, tuning: dict,
@@ -159,7 +188,14 @@ def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info
         ok, why = pi.bf16_status()
         if not ok:
             return skipped("server", "paddle-inference bf16", "bf16", task.primary_metric, why)
-        return _row(ctx, task, "bf16", pi.InferenceEngine(prefix, "bf16", **common), *args, "bf16")
+        ops = list(sc.bf16.paddle_ops)    # set_bfloat16_op takes op types only ([] = every op)
+        eng = pi.InferenceEngine(prefix, "bf16", int8_ops=ops or None, **common)
+        if ops:
+            eng.notes.append(f"bf16 op types (server.bf16.paddle_ops, chosen on {sc.bf16.chosen_on}): {', '.join(ops)}")
+        gate = _row(ctx, task, "bf16", eng, *args, "bf16")
+        if gate.status != FAIL:
+            _speed_vs_fp32(ctx, gate, eng, served.get("paddle-inference") or pi.InferenceEngine(prefix, **common), x)
+        return gate
     if prec == "int8":
         return _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common)
     return None
@@ -309,30 +345,31 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, prefix) -> Gate:
     return gate
 
 
-def speed_vs_fp32(int8_eng, fp32_eng, x, *, batch: int, warmup: int, repeats: int, rounds: int) -> dict:
-    """fp32 time / int8 time at batch 1 (p50) and at `batch` (samples/s), the two engines measured
-    interleaved with the same settings: > 1 means int8 is faster; what the recommendation reads."""
+def speed_vs_fp32(low_eng, fp32_eng, x, *, batch: int, warmup: int, repeats: int, rounds: int,
+                  label: str = "int8") -> dict:
+    """fp32 time / low-precision time at batch 1 (p50) and at `batch` (samples/s), the two engines measured
+    interleaved with the same settings: > 1 means the `label` row is faster; what the recommendation reads."""
     from pipeline.engines import registry
 
-    rows = {r["engine"]: r for r in registry.rank({"fp32": fp32_eng, "int8": int8_eng}, x, batch_size=batch,
+    rows = {r["engine"]: r for r in registry.rank({"fp32": fp32_eng, label: low_eng}, x, batch_size=batch,
                                                     warmup=warmup, repeats=repeats, rounds=rounds)}
-    f, q = rows["fp32"], rows["int8"]
+    f, q = rows["fp32"], rows[label]
     return {"batch1": round(f["latency_ms"]["p50"] / q["latency_ms"]["p50"], 3),
             "batchN": round(q["throughput_sps"] / f["throughput_sps"], 3), "batch": batch,
             "fp32": {"p50_ms": round(f["latency_ms"]["p50"], 4), "sps": round(f["throughput_sps"], 1)},
-            "int8": {"p50_ms": round(q["latency_ms"]["p50"], 4), "sps": round(q["throughput_sps"], 1)},
+            label: {"p50_ms": round(q["latency_ms"]["p50"], 4), "sps": round(q["throughput_sps"], 1)},
             "how": f"interleaved, {rounds} rounds, same threads"}
 
 
-def _speed_vs_fp32(ctx, gate: Gate, int8_eng, fp32_eng, x) -> None:
-    """gate.extra["speed_vs_fp32"]; a note when int8 is not faster, so no reader takes int8 for speed."""
-    sc = ctx.cfg.server
-    sp = speed_vs_fp32(int8_eng, fp32_eng, x, batch=ctx.batches["perf"], warmup=sc.perf.warmup,
-                       repeats=sc.perf.repeats, rounds=sc.tuning.rounds)
+def _speed_vs_fp32(ctx, gate: Gate, low_eng, fp32_eng, x) -> None:
+    """gate.extra["speed_vs_fp32"]; a note when the row is not faster, so no reader takes it for speed."""
+    sc, label = ctx.cfg.server, gate.precision_requested
+    sp = speed_vs_fp32(low_eng, fp32_eng, x, batch=ctx.batches["perf"], warmup=sc.perf.warmup,
+                       repeats=sc.perf.repeats, rounds=sc.tuning.rounds, label=label)
     gate.extra["speed_vs_fp32"] = sp
     slow = [f"x{sp[k]} at batch {n}" for k, n in (("batch1", 1), ("batchN", sp["batch"])) if sp[k] <= 1.0]
     if slow:
-        note = f"int8 not faster than fp32: {', '.join(slow)} (fp32 time / int8 time, interleaved)"
+        note = f"{label} not faster than fp32: {', '.join(slow)} (fp32 time / {label} time, interleaved)"
         gate.extra.setdefault("notes", []).append(note)
         log.info("[server] %s: %s", gate.subject, note)
 
@@ -345,9 +382,22 @@ def _openvino_bf16_row(ctx, task, onnx_file, args) -> Gate:
     ok, why = ov.bf16_status()
     if not ok:
         return skipped("server", "openvino bf16", "bf16", task.primary_metric, why)
-    eng = registry.make("openvino", onnx_file, "bf16", threads=_threads(ctx.cfg))
+    b = ctx.cfg.server.bf16
+    model, kept = onnx_file, {}
+    if b.openvino_keep_fp32:         # chosen layers stay f32 inside the bf16 model (the IR's `precise` mark)
+        base = ov.save_f32_ir(onnx_file, ctx.work_dir / "openvino_bf16" / "base.xml")
+        model = ctx.out_dir / "openvino" / "model_bf16.xml"
+        kept = ov.keep_f32_ir(base, b.openvino_keep_fp32, model)
+    eng = registry.make("openvino", model, "bf16", threads=_threads(ctx.cfg))
     eng.notes.append(why)
-    return _row(ctx, task, "bf16", eng, *args, ctx.cfg.server.gates["bf16"], "bf16")
+    if kept:
+        eng.notes.append(f"{kept['marked']} layers kept f32 (server.bf16.openvino_keep_fp32, chosen on {b.chosen_on})"
+                         + (f"; not in this model: {', '.join(kept['absent'])}" if kept["absent"] else ""))
+        eng.evidence["layers_kept_f32"] = kept["marked"]
+    gate = _row(ctx, task, "bf16", eng, *args, ctx.cfg.server.gates["bf16"], "bf16")
+    if gate.status != FAIL:
+        _speed_vs_fp32(ctx, gate, eng, registry.make("openvino", onnx_file, "fp32", threads=_threads(ctx.cfg)), args[0])
+    return gate
 
 
 def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:

@@ -145,6 +145,9 @@ class Tolerance(Section):
     # outputs that are probabilities (softmax / sigmoid) are compared as probabilities: max|p - p_ref| <=
     # prob_atol (atol/rtol are for logits). Below 1: a probability cannot move by more than 1
     prob_atol: Optional[float] = Field(default=None, gt=0, lt=1)
+    # tasks that read text (recognition): the share of lines the reference reads correctly that the row reads
+    # wrongly (docs/low_precision.md); None: not gated
+    max_correct_lost: Optional[float] = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _can_fail(self):
@@ -227,6 +230,18 @@ class Fp16Cfg(Section):
         return sorted(set(v))
 
 
+class Bf16Cfg(Section):
+    emulated: bool                          # the paddle-inference bf16-emulated row (every CPU, never served)
+    paddle_ops: list[str]                   # Paddle Inference set_bfloat16_op op types; [] = every op
+    openvino_keep_fp32: list[str]           # OpenVINO layers kept f32 inside the bf16 model (IR `precise`)
+    chosen_on: Optional[str] = None         # the data split the lists were chosen on (never the gate's)
+
+    @field_validator("paddle_ops")
+    @classmethod
+    def _op_type_names(cls, v: list[str]) -> list[str]:
+        return Fp16Cfg._op_type_names(v)
+
+
 class ServerCfg(Section):
     precisions: list[Literal["fp32", "fp16", "bf16", "int8"]]
     device: Literal["auto", "cpu", "gpu"]
@@ -235,7 +250,11 @@ class ServerCfg(Section):
     ir_optim: bool
     tensorrt: bool
     fp16: Fp16Cfg
+    bf16: Bf16Cfg
     gates: dict[Literal["fp32", "fp16", "bf16", "int8"], Tolerance]
+    # row subject ("onnxruntime int8") or precision ("int8") -> required (a failure fails the run) | candidate
+    # (gated and reported; a failure excludes the row from serving); unnamed rows are required
+    roles: dict[str, Literal["required", "candidate"]]
     quant: QuantCfg
     perf: PerfCfg
     http: HttpCfg
@@ -524,8 +543,9 @@ def _merge(base: dict, extra: dict, origin: str, prefix: str = "") -> dict:
 
 
 def _is_free_mapping(prefix: str) -> bool:
-    """Mappings whose keys are user-defined (model constructor args; system.pin's parts, checked by its validator)."""
-    return prefix in ("model.args.", "system.pin.")
+    """Mappings whose keys are user-defined (model constructor args; system.pin's parts, checked by its validator;
+    server.roles' row names)."""
+    return prefix in ("model.args.", "system.pin.", "server.roles.")
 
 
 def split_overrides(text: str) -> list[str]:

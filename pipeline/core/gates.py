@@ -15,6 +15,10 @@ from pipeline.core.errors import ConfigError
 OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
 # produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
 UNVERIFIED = "UNVERIFIED"
+# a `candidate` row (server.roles) that failed its gate: reported with its checks, never served, does not fail the
+# run; a `required` row's failure stays FAIL (docs/low_precision.md)
+EXCLUDED = "EXCLUDED"
+ROLES = ("required", "candidate")
 
 
 @dataclass
@@ -117,6 +121,15 @@ def run_row(stage: str, subject: str, precision: str, metric: str, fn, evidence_
         return crashed(stage, subject, precision, metric, exc, evidence_dir)
 
 
+def apply_role(gate: Gate, role: str) -> Gate:
+    """A failed `candidate` row becomes EXCLUDED (checks and reason kept); a `required` row's verdict stands."""
+    gate.extra["role"] = role
+    if role == "candidate" and gate.status == FAIL:
+        gate.status = EXCLUDED
+        gate.reason = f"candidate row failed its gate, excluded from serving: {gate.reason}"
+    return gate
+
+
 def _fmt(v) -> str:
     if v is None:
         return "n/a"
@@ -193,6 +206,18 @@ def metric_check(metric: str, value: float, reference: float, max_drop: float, k
     return Check(f"{metric}_drop", drop, limit, "<=", drop <= limit + 1e-12, k, detail)
 
 
+def correct_lost_check(lost: int, of: int, max_share: float, key: str = "") -> Check:
+    """What a user loses: of the `of` samples the reference reads correctly, the share the candidate reads wrongly.
+    As metric_check, a non-zero limit below one sample of `of` is raised to one sample; 0 stays exact."""
+    k = f"{key}.max_correct_lost" if key else ""
+    limit, detail = max_share, f"{lost} of {of} correctly read samples turn wrong"
+    if of and 0 < max_share < 1.0 / of:
+        limit = 1.0 / of
+        detail += f"; max_correct_lost {max_share:g} < one sample of {of}: one sample allowed"
+    share = lost / of if of else 0.0
+    return Check("correct_lost", share, limit, "<=", share <= limit + 1e-12, k, detail)
+
+
 def agreement_check(name: str, value: float, minimum: float | None, key: str = "", detail: str = "") -> Check:
     """Share of samples whose task-level prediction (argmax class / decoded text) equals the reference's."""
     k = f"{key}.min_agreement" if key and minimum is not None else ""
@@ -202,12 +227,14 @@ def agreement_check(name: str, value: float, minimum: float | None, key: str = "
 
 def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
              value: float | None, max_drop: float, *, rtol: float = 0.0,
-             agreement=None, min_agreement: float | None = None, key: str = "", suffix: str | None = None) -> Gate:
+             agreement=None, min_agreement: float | None = None, key: str = "", suffix: str | None = None,
+             correct_lost: tuple[int, int] | None = None, max_correct_lost: float | None = None) -> Gate:
     """Fill gate.checks from a candidate/reference pair and decide the verdict.
 
     agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), called with
     the elementwise limit as the tie band; gated when min_agreement is set.
     key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
+    correct_lost: (lost, of) from task.correct_lost, gated when max_correct_lost is set.
     """
     gate.checks = parity_checks(candidate, reference, atol, rtol, key, suffix)
     if gate.checks[0].passed and agreement is not None and len(gate.checks) > 2:
@@ -219,6 +246,8 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
     if gate.checks[0].passed and value is not None and gate.reference is not None:
         gate.value = value
         gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key, len(candidate)))
+    if gate.checks[0].passed and correct_lost is not None and max_correct_lost is not None:
+        gate.checks.append(correct_lost_check(*correct_lost, max_correct_lost, key))
     gate.status = OK if all(c.passed for c in gate.checks) else FAIL
     if gate.status == FAIL:
         gate.reason = "; ".join(c.describe() for c in gate.checks if not c.passed)
@@ -226,10 +255,11 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
 
 
 def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
-                 task=None, key: str = "") -> Gate:
+                 task=None, key: str = "", labels: np.ndarray | None = None) -> Gate:
     """evaluate() with a config Tolerance and the task's agreement measure (argmax for classification, decoded
     text for recognition, boxes for detection), with the elementwise bound of the task's output kind
-    (logits: atol/rtol; probabilities: prob_atol, see parity_limits)."""
+    (logits: atol/rtol; probabilities: prob_atol, see parity_limits). With labels, a task that reads text
+    (task.correct_lost) is also gated on the correctly read lines it loses (tol.max_correct_lost)."""
     agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
     kind = output_kind(task)
     atol, rtol, suffix = parity_limits(kind, tol.atol, getattr(tol, "rtol", 0.0), getattr(tol, "prob_atol", None))
@@ -238,8 +268,12 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
                           f"null, metric_delta >= 1 and no min_agreement)",
                           hint=f"set {key}.{suffix.split('/')[0]}, a metric_delta below 1 or a min_agreement above 0")
     gate.extra["compared_as"] = kind
+    lost = None
+    if labels is not None and hasattr(task, "correct_lost") and len(labels) == len(candidate):
+        lost = task.correct_lost(candidate, reference, labels)
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
-             min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix)
+             min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix,
+             correct_lost=lost, max_correct_lost=getattr(tol, "max_correct_lost", None))
     if kind == "probabilities" and gate.checks[0].passed:
         _probability_range(gate, candidate)
     return _note_same_decoding(gate)

@@ -191,3 +191,92 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
     return {"calibration_samples": int(n), "tool": "nncf " + nncf.__version__, "preset": preset,
             "activation_range": activation_range,
             **({"ignored_compute_ops": len(ignored), "ignored_op_types": len(types)} if weights is not None else {})}
+
+
+# --- bf16 with chosen layers kept f32 -------------------------------------------------------------------------
+# OpenVINO's CPU plugin honours a per-node f32 request inside a bf16 model only through the IR: rt_info set from
+# Python (disable_fp16_compression_0, precise_0) changes nothing, but `<rt_info><attribute name="precise"
+# version="0"/></rt_info>` on a <layer> of an IR saved with compress_to_fp16=False does (../shared/STACK.md).
+_NOT_SEGMENT = {"Const", "Parameter", "Result", "ShapeOf"}
+_COMPUTE_IR = {"Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData"}
+
+
+def save_f32_ir(onnx_file: str | os.PathLike, out_xml: str | os.PathLike) -> Path:
+    """The ONNX model as an f32 OpenVINO IR (weights not compressed to f16), the base the `precise` marks go on."""
+    import openvino as ov
+
+    out = Path(out_xml)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.Core().read_model(str(onnx_file)), str(out), compress_to_fp16=False)
+    return out
+
+
+def keep_f32_ir(base_xml: str | os.PathLike, names: Collection[str], out_xml: str | os.PathLike) -> dict:
+    """Copy of an IR whose layers named `names` carry the `precise` mark (run f32 under a bf16 hint); the weights
+    file is shared (a link). Returns {"marked": n, "absent": [names not in the IR]}."""
+    import xml.etree.ElementTree as ET
+
+    base, out = Path(base_xml), Path(out_xml)
+    tree = ET.parse(base)
+    want, marked = set(names), set()
+    for layer in tree.getroot().iter("layer"):
+        if layer.get("name") not in want:
+            continue
+        rt = layer.find("rt_info")
+        if rt is None:
+            rt = ET.SubElement(layer, "rt_info")
+        ET.SubElement(rt, "attribute", {"name": "precise", "version": "0"})
+        marked.add(layer.get("name"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tree.write(out)
+    weights = out.with_suffix(".bin")
+    if weights.resolve() != base.with_suffix(".bin").resolve():
+        weights.unlink(missing_ok=True)
+        try:
+            os.link(base.with_suffix(".bin"), weights)
+        except OSError:         # another file system: copy
+            import shutil
+            shutil.copyfile(base.with_suffix(".bin"), weights)
+    return {"marked": len(marked), "absent": sorted(want - marked)}
+
+
+def layer_segments(base_xml: str | os.PathLike) -> list[dict]:
+    """The IR's layers cut at each compute layer (Convolution, MatMul ...), in the IR's topological order: a segment
+    is one compute layer and the layers after it up to the next one (its bias, norm, activation ...), so keeping a
+    segment f32 keeps a layer and the elementwise tail the plugin fuses into it."""
+    import xml.etree.ElementTree as ET
+
+    segments: list[dict] = []
+    for layer in ET.parse(base_xml).getroot().iter("layer"):
+        kind, name = layer.get("type"), layer.get("name")
+        if kind in _NOT_SEGMENT:
+            continue
+        if kind in _COMPUTE_IR or not segments:
+            segments.append({"layer": name, "type": kind, "names": []})
+        segments[-1]["names"].append(name)
+    return segments
+
+
+def run_ir(xml: str | os.PathLike, x: np.ndarray, hint: str, *, batch: int = 8, threads: int = 1) -> np.ndarray:
+    """Outputs of an IR compiled with INFERENCE_PRECISION_HINT `hint` (f32 | bf16), in batches."""
+    import openvino as ov
+
+    c = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads})
+    return np.concatenate([c(np.ascontiguousarray(x[i:i + batch]))[0] for i in range(0, len(x), batch)])
+
+
+def bf16_sensitivity(base_xml: str | os.PathLike, x: np.ndarray, reference: np.ndarray, work: str | os.PathLike,
+                     *, batch: int = 8, threads: int = 1) -> list[dict]:
+    """Each segment's own bf16 error: the model with only that segment bf16 (every other layer `precise`), run on
+    `x` (a TUNING split, never the data a gate judges), error = mean |p - p_ref| of the reference's top class.
+    Largest first."""
+    segments, work = layer_segments(base_xml), Path(work)
+    every = [n for s in segments for n in s["names"]]
+    top = reference.argmax(-1)[..., None]
+    picked = np.take_along_axis(reference, top, -1)
+    for s in segments:
+        own = set(s["names"])
+        keep_f32_ir(base_xml, [n for n in every if n not in own], work / "only.xml")
+        out = run_ir(work / "only.xml", x, "bf16", batch=batch, threads=threads)
+        s["error"] = float(np.abs(np.take_along_axis(out, top, -1) - picked).mean())
+    return sorted(segments, key=lambda s: -s["error"])

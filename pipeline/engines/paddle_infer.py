@@ -246,6 +246,8 @@ class InferenceEngine(Engine):
             if mkldnn:          # bf16 kernels are oneDNN only; the label tells when it was not applied
                 cfg.enable_mkldnn()
                 cfg.enable_mkldnn_bfloat16()
+                if int8_ops:    # bf16 reads int8_ops as its op types (set_bfloat16_op: by type, never by layer)
+                    cfg.set_bfloat16_op(set(int8_ops))
             return "bf16"
         if mkldnn:
             cfg.enable_mkldnn()

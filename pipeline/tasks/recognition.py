@@ -246,6 +246,17 @@ class RecognitionTask:
         n = max(len(c), 1)
         return "text_agreement", float(strict_or_tie.sum() / n) if len(c) else 1.0, float(strict.sum() / n) if len(c) else 1.0
 
+    def correct_lost(self, candidate: np.ndarray, reference: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+        """(lost, of): of the lines the reference reads exactly right, how many the candidate reads wrongly (what
+        a user of the candidate loses; a wrong line changing into another wrong line loses nothing). (0, 0)
+        without labels."""
+        if not has_labels(labels):
+            return 0, 0
+        gts = [tuple(int(v) for v in row if v >= 0) for row in np.asarray(labels)]
+        ref_ok = [tuple(p) == g for p, g in zip(ctc_greedy_decode(np.asarray(reference)), gts)]
+        cand_ok = [tuple(p) == g for p, g in zip(ctc_greedy_decode(np.asarray(candidate)), gts)]
+        return sum(r and not c for r, c in zip(ref_ok, cand_ok)), sum(ref_ok)
+
     def decode(self, outputs: np.ndarray, info: dict) -> list[str]:
         return decode_indices(ctc_greedy_decode(np.asarray(outputs)), info["charset"])
 
