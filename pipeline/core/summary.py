@@ -15,7 +15,8 @@ from pipeline.core.artifacts import load_manifest
 from pipeline.core.console import rich_console
 from pipeline.core.gates import Gate
 
-STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "EXCLUDED": "magenta", "ERROR": "bold red",
+STYLE = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "EXCLUDED": "magenta",
+         "ERROR": "bold red",
          "NOT RUN": "dim"}
 SHORT = {"max_abs_diff": "atol", "finite": "finite"}
 
