@@ -89,7 +89,7 @@ def main() -> int:
     best = min(t["changed"] for t in trials)
     pick = next(t for t in trials if t["changed"] == best)
     print(f"advised: k={pick['k']} ({best} tuning lines changed): server.bf16.openvino_keep_fp32 = "
-          f"{[n for s in ranked[:pick['k']] for n in s['names']]}")
+          f"{[s['layer'] for s in ranked[:pick['k']]]} (each with its segment's tail: ov.segment_names)")
     if args.out:
         Path(args.out).write_text(json.dumps({"ranked": ranked, "trials": trials}, indent=1))
     return 0

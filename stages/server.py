@@ -387,11 +387,12 @@ def _openvino_bf16_row(ctx, task, onnx_file, args) -> Gate:
     if b.openvino_keep_fp32:         # chosen layers stay f32 inside the bf16 model (the IR's `precise` mark)
         base = ov.save_f32_ir(onnx_file, ctx.work_dir / "openvino_bf16" / "base.xml")
         model = ctx.out_dir / "openvino" / "model_bf16.xml"
-        kept = ov.keep_f32_ir(base, b.openvino_keep_fp32, model)
+        kept = ov.keep_f32_ir(base, ov.segment_names(base, b.openvino_keep_fp32), model)
     eng = registry.make("openvino", model, "bf16", threads=_threads(ctx.cfg))
     eng.notes.append(why)
     if kept:
-        eng.notes.append(f"{kept['marked']} layers kept f32 (server.bf16.openvino_keep_fp32, chosen on {b.chosen_on})"
+        eng.notes.append(f"{len(b.openvino_keep_fp32)} compute layers and their tails ({kept['marked']} IR layers) kept "
+                         f"f32 (server.bf16.openvino_keep_fp32, chosen on {b.chosen_on})"
                          + (f"; not in this model: {', '.join(kept['absent'])}" if kept["absent"] else ""))
         eng.evidence["layers_kept_f32"] = kept["marked"]
     gate = _row(ctx, task, "bf16", eng, *args, ctx.cfg.server.gates["bf16"], "bf16")

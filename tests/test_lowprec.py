@@ -156,3 +156,17 @@ def test_precise_marks_land_on_the_named_ir_layers(tmp_path):
     f32 = ovx.run_ir(base, x, "f32", batch=2)
     kept_run = ovx.run_ir(tmp_path / "ir" / "keep.xml", x, "f32", batch=2)
     assert np.array_equal(f32, kept_run)            # the marks change nothing under an f32 hint
+
+
+@pytest.mark.parametrize("cap, blocks", [("AVX2", True), ("sse41", True), ("AVX512_CORE_VNNI", True),
+                                         ("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", False), ("ALL", False),
+                                         ("", False)])
+def test_an_isa_cap_below_bf16_skips_the_bf16_rows(monkeypatch, cap, blocks):
+    from pipeline.core import capabilities
+    from pipeline.engines import ov as ovx
+
+    monkeypatch.setenv(capabilities.ISA_ENV, cap)
+    monkeypatch.setenv(capabilities.PROFILE_ENV, "bf16")        # a bf16 CPU, whatever this one is
+    assert (capabilities.isa_cap_without_bf16() is not None) == blocks
+    for ok, why in (capabilities.bf16_cpu_status(), ovx.bf16_status()):
+        assert ok != blocks and (capabilities.ISA_ENV in why) == blocks

@@ -112,6 +112,19 @@ def gpu() -> dict:
     return dict(_real_gpu())
 
 
+ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+# oneDNN ISA caps at or above the first one with bf16 instructions (oneDNN's cpu_isa names; ALL/DEFAULT = no cap)
+_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
+
+
+def isa_cap_without_bf16() -> str | None:
+    """The ONEDNN_MAX_CPU_ISA value when it caps oneDNN below bf16 (e.g. AVX2, SSE41), else None. Paddle's oneDNN
+    and OpenVINO's CPU plugin both honour it: a bf16 primitive then fails to build ("could not create a primitive
+    descriptor") or OpenVINO refuses the bf16 hint, whatever the CPU's flags."""
+    cap = os.environ.get(ISA_ENV, "").strip().upper()
+    return cap if cap and not cap.startswith(_BF16_ISAS) else None
+
+
 def bf16_cpu_status() -> tuple[bool, str]:
     """(True, why) when the CPU reports native bf16 and Paddle's oneDNN can use it.
 
@@ -120,6 +133,8 @@ def bf16_cpu_status() -> tuple[bool, str]:
     native = sorted(cpu_flags() & BF16_FLAGS)
     if not native:
         return False, "CPU lacks avx512_bf16/amx_bf16; oneDNN would silently run FP32"
+    if isa_cap_without_bf16():
+        return False, f"{ISA_ENV}={isa_cap_without_bf16()} caps oneDNN below bf16 (CPU has {'/'.join(native)})"
     import paddle
 
     if not paddle.base.core.is_compiled_with_mkldnn():

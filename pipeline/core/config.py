@@ -233,7 +233,7 @@ class Fp16Cfg(Section):
 class Bf16Cfg(Section):
     emulated: bool                          # the paddle-inference bf16-emulated row (every CPU, never served)
     paddle_ops: list[str]                   # Paddle Inference set_bfloat16_op op types; [] = every op
-    openvino_keep_fp32: list[str]           # OpenVINO layers kept f32 inside the bf16 model (IR `precise`)
+    openvino_keep_fp32: list[str]           # OpenVINO compute layers kept f32 with their tails (IR `precise`)
     chosen_on: Optional[str] = None         # the data split the lists were chosen on (never the gate's)
 
     @field_validator("paddle_ops")

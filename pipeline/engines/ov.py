@@ -115,6 +115,9 @@ def bf16_status() -> tuple[bool, str]:
     native = sorted(capabilities.cpu_flags() & capabilities.BF16_FLAGS)
     if not native:
         return False, "CPU lacks avx512_bf16/amx_bf16; OpenVINO would silently run f32"
+    if capabilities.isa_cap_without_bf16():     # OpenVINO's CPU plugin honours the oneDNN cap too
+        return False, (f"{capabilities.ISA_ENV}={capabilities.isa_cap_without_bf16()} caps the CPU plugin below bf16 "
+                       f"(CPU has {'/'.join(native)})")
     if capabilities.simulated(capabilities.BF16_FLAGS):
         return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); the runtime model decides the label"
     return True, f"CPU has {'/'.join(native)}"
@@ -255,6 +258,13 @@ def layer_segments(base_xml: str | os.PathLike) -> list[dict]:
             segments.append({"layer": name, "type": kind, "names": []})
         segments[-1]["names"].append(name)
     return segments
+
+
+def segment_names(base_xml: str | os.PathLike, layers: Collection[str]) -> list[str]:
+    """Every IR layer of the segments headed by `layers` (compute layer names, as layer_segments reports them);
+    a name that heads no segment is passed through (keep_f32_ir then reports it absent)."""
+    segments = {s["layer"]: s["names"] for s in layer_segments(base_xml)}
+    return [n for name in layers for n in segments.get(name, [name])]
 
 
 def run_ir(xml: str | os.PathLike, x: np.ndarray, hint: str, *, batch: int = 8, threads: int = 1) -> np.ndarray:
