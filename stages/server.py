@@ -591,7 +591,7 @@ def _int8_judge(ctx, task, x, ref_out, labels, ref_metric, tol, common, precisio
 
     def judge(p: str) -> dict:
         out = pi.InferenceEngine(p, precision, **common).run_batched(x, ctx.batches["gate"])
-        value = task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
+        value = None if labels is None else task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
         g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
                          tol, value, task, key="server.gates.int8")
         return {"passed": g.status == "OK", metric: value, "reason": g.reason}
@@ -602,21 +602,25 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
     """First the calibration alone (the fake-quant program in fp32): if it passes, the loss is Paddle
     Inference's int8 path and no skip set ranked on that program can find it: say so and stop. Else rank
     layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with the int8
-    gate itself; the advice printed is one that was checked (or a plain 'none recovers')."""
+    gate itself; the advice printed is one that was checked (or a plain 'none recovers').
+    Ranking and trials run on the TUNING split (calibration lines, training set), judged against fp32's outputs
+    there by the gate's agreement and elementwise bounds: the validation slice stays the gate's alone (issue 31)."""
+    from pipeline.engines import paddle_infer as pi
     from pipeline.engines import quant
 
     q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
-    args = (ctx, task, x, ref_out, labels, ref_metric, tol, common)
+    tune = calib[:len(x)]
+    tune_ref = pi.InferenceEngine(prefix, "fp32", **common).run_batched(tune, ctx.batches["gate"])
+    args = (ctx, task, tune, tune_ref, None, None, tol, common)
     sim = _int8_judge(*args, precision="fp32")(qprefix)
     if sim["passed"]:
-        msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes ({metric} "
-               f"{sim[metric]:.4f} vs fp32 {ref_metric:.4f}), so the loss is in Paddle Inference's oneDNN int8 path "
+        msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes on the tuning split, so the loss is in Paddle Inference's oneDNN int8 path "
                "and skipping layers ranked on that program cannot find it; serve the ONNX Runtime/OpenVINO int8 rows "
                "if they passed, or drop int8 from server.precisions")
         return {"simulated": sim, "message": msg, "seconds": round(time.perf_counter() - t0, 1),
                 "stopped": "engine"}
     # every layer's input and output of both programs at once: as many samples as a calibration batch holds
-    ranked = quant.rank_layers(prefix, qprefix, x[:min(32, ctx.batches["calib"])], q.op_types, quant._WEIGHT_SLOT)
+    ranked = quant.rank_layers(prefix, qprefix, tune[:min(32, ctx.batches["calib"])], q.op_types, quant._WEIGHT_SLOT)
 
     def requantize(skip: list[str]) -> str:
         return quant.quantize_ptq(prefix, ctx.work_dir / "int8_advice" / f"skip{len(skip)}", calib, algo=q.algo,
@@ -634,15 +638,14 @@ def _advice_message(q, metric: str, ref_metric: float, ranked: list[dict], res: 
     top = ", ".join(f"{r['layer']} ({r['op']}, +{r['added_error']:.3f})" for r in ranked[:3])
     if res["recommended"]:
         skip = sorted(set(res["recommended"]) | set(q.skip))
-        best = res["trials"][-1]
-        return (f"checked: skipping {len(res['recommended'])} layer(s) passes the int8 gate ({metric} "
-                f"{best[metric]:.4f}): set server.quant.skip=[{','.join(skip)}]")
+        return (f"checked on the tuning split (calibration lines vs fp32): skipping {len(res['recommended'])} layer(s) "
+                f"keeps the int8 gate's agreement: set server.quant.skip=[{','.join(skip)}] (the validation gate then "
+                "judges it)")
     tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
     if res["stopped"] == "budget":
         tried += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
-    best = max((t.get(metric, float("nan")) for t in res["trials"]), default=float("nan"))
-    return (f"no skip set recovers the int8 gate (skipped the top {tried} of {len(ranked)} ranked layers; "
-            f"best {metric} {best:.4f} vs fp32 {ref_metric:.4f}; most error added by: {top}). Try other "
+    return (f"no skip set recovers the int8 gate on the tuning split (skipped the top {tried} of {len(ranked)} ranked "
+            f"layers; fp32 {metric} {ref_metric:.4f}; most error added by: {top}). Try other "
             f"calibration: server.quant.algo=mse or abs_max (now {q.algo}), more batches server.quant.batch_nums "
             f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
             "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")
