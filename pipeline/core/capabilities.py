@@ -133,14 +133,14 @@ def bf16_cpu_status() -> tuple[bool, str]:
     native = sorted(cpu_flags() & BF16_FLAGS)
     if not native:
         return False, "CPU lacks avx512_bf16/amx_bf16; oneDNN would silently run FP32"
-    if isa_cap_without_bf16():
-        return False, f"{ISA_ENV}={isa_cap_without_bf16()} caps oneDNN below bf16 (CPU has {'/'.join(native)})"
     import paddle
 
     if not paddle.base.core.is_compiled_with_mkldnn():
         return False, "this Paddle build has no oneDNN (MKLDNN); bf16 kernels unavailable"
     if simulated(BF16_FLAGS):
         return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); evidence decides the label"
+    if isa_cap_without_bf16():
+        return False, f"{ISA_ENV}={isa_cap_without_bf16()} caps oneDNN below bf16 (CPU has {'/'.join(native)})"
     if not paddle.base.core.supports_bfloat16():
         return False, f"CPU has {'/'.join(native)} but Paddle reports bf16 unsupported"
     return True, f"CPU has {'/'.join(native)} and Paddle supports bf16"

@@ -115,11 +115,11 @@ def bf16_status() -> tuple[bool, str]:
     native = sorted(capabilities.cpu_flags() & capabilities.BF16_FLAGS)
     if not native:
         return False, "CPU lacks avx512_bf16/amx_bf16; OpenVINO would silently run f32"
+    if capabilities.simulated(capabilities.BF16_FLAGS):
+        return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); the runtime model decides the label"
     if capabilities.isa_cap_without_bf16():     # OpenVINO's CPU plugin honours the oneDNN cap too
         return False, (f"{capabilities.ISA_ENV}={capabilities.isa_cap_without_bf16()} caps the CPU plugin below bf16 "
                        f"(CPU has {'/'.join(native)})")
-    if capabilities.simulated(capabilities.BF16_FLAGS):
-        return True, f"simulated CPU profile reports {'/'.join(native)} (real CPU: none); the runtime model decides the label"
     return True, f"CPU has {'/'.join(native)}"
 
 
