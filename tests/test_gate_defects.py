@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gate_defect_model as m
 from pipeline.core.config import load_config
 from pipeline.core.gates import FAIL, OK, Gate, evaluate_tol
 from pipeline.tasks import get_task
+from tests import gate_defect_model as m
 
 # family -> (config key of its tolerance, the precision its engine runs). The HTTP row gates what came back over
 # HTTP with the served precision's tolerance: server.gates.fp32 when fp32 is served (the default)
