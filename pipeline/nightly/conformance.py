@@ -46,7 +46,10 @@ ZOO: dict[str, list[str]] = {
     "resnet18": ["model.name=resnet18", *_RGB],
     "mobilenet_v2": ["model.name=mobilenet_v2", *_RGB],
     "mobilenet_v3_small": ["model.name=mobilenet_v3_small", *_RGB],
-    "shufflenet_v2_x0_25": ["model.name=shufflenet_v2_x0_25", *_RGB],
+    # at the 3-epoch recipe it ends at chance (0.031 on 36 classes): its int8 outputs were garbage (ONNX Runtime:
+    # relative RMS 1.1 of fp32) and passed or failed by a hair; 4096 samples x 8 epochs reach 0.26 (~5 min on a loaded
+    # 2-core host), where ONNX Runtime int8 loses 0.084 accuracy: a real FAIL (2026-12-02, issue 31)
+    "shufflenet_v2_x0_25": ["model.name=shufflenet_v2_x0_25", *_RGB, "data.num_train=4096", "train.epochs=8"],
     "squeezenet1_1": ["model.name=squeezenet1_1", *_RGB],
 }
 # `make test` runs this one end to end: LayerNorm/attention/swish/depthwise in a recogniser (int8, fp16, Lite
