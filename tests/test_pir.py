@@ -151,3 +151,16 @@ def test_yml_hints_and_mismatches(v5):
     lines, placeholders = pir_yml.charset_lines(rec["dictionary"])
     assert len(lines) == len(rec["dictionary"]) and all(len(c) == 1 for c in lines)
     assert len(placeholders) == 10 and len(set(lines)) == len(lines)
+
+
+def test_a_pir_export_as_model_pretrained_is_made_trainable(v5):
+    """model.pretrained at a PaddleOCR 3 export (configs/ppocr_v5_rec_finetune.yaml): translated, then trainable."""
+    import paddle
+
+    from pipeline.models import imported
+
+    model, report = imported.build(None, {"pretrained": str(v5["rec"])}, {})
+    assert isinstance(model, imported.Trainable) and "PIR" in report["kind"]
+    model.train()
+    out = model(paddle.rand([1, 3, 48, 64]))
+    assert out.shape == [1, 8, 18385] and not out.stop_gradient
