@@ -38,6 +38,7 @@ def translated(v5, tmp_path_factory):
     return {m: out / m / "inference" for m in ("det", "rec")}, records
 
 
+@pytest.mark.slow              # translates the real v5 models (seconds each)
 @pytest.mark.parametrize("ref", REFS)
 def test_translated_v5_matches_the_references(translated, ref):
     prefixes, records = translated
@@ -61,6 +62,7 @@ def _swap_records(src, dst, i, j):
     dst.write_bytes(data[:a0] + data[b0:b1] + data[a1:b0] + data[a0:a1] + data[b1:])
 
 
+@pytest.mark.slow              # translates the real v5 models (seconds each)
 def test_tampered_parameter_order_is_caught_by_the_reference_check(v5, translated, tmp_path):
     folder = tmp_path / "det"
     shutil.copytree(v5["det"], folder)
@@ -73,6 +75,7 @@ def test_tampered_parameter_order_is_caught_by_the_reference_check(v5, translate
     assert "det_" in exc.value.one_line() and "max|diff|" in exc.value.one_line()
 
 
+@pytest.mark.slow              # translates the real v5 models (seconds each)
 def test_a_parameter_of_the_wrong_shape_is_refused(v5, tmp_path):
     folder = tmp_path / "det"
     shutil.copytree(v5["det"], folder)
@@ -153,6 +156,7 @@ def test_yml_hints_and_mismatches(v5):
     assert len(placeholders) == 10 and len(set(lines)) == len(lines)
 
 
+@pytest.mark.slow              # translates the real v5 models (seconds each)
 def test_a_pir_export_as_model_pretrained_is_made_trainable(v5):
     """model.pretrained at a PaddleOCR 3 export (configs/ppocr_v5_rec_finetune.yaml): translated, then trainable."""
     import paddle
