@@ -45,10 +45,16 @@ def rows(work: Path, role: str):
 
 
 def main() -> int:
+    if len(sys.argv) > 1:
+        return check(Path(sys.argv[1]))
+    with tempfile.TemporaryDirectory(prefix="pir-rows-") as work:
+        return check(Path(work))
+
+
+def check(work: Path) -> int:
     from pipeline.models.pir_check import ATOL
     from pipeline.models.pir_slices import input_keys, normalise
 
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="pir-rows-"))
     inputs, ref = dict(np.load(DATA / "inputs.npz")), dict(np.load(DATA / "paddle3_ref.npz"))
     worst = 0.0
     for role in ("det", "rec"):
