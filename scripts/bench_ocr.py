@@ -60,6 +60,7 @@ class Ours:
         if args.bundle:
             from pipeline.bundle.system import served_system
             self.det, self.rec, self.cls, self.spec = served_system(Path(args.bundle), threads=1, kind=args.engine)
+            self._pin(Path(args.bundle), args.pin or [])
         else:
             from pipeline.core.config import load_config
             from pipeline.ocr.ppocr_models import fetch
@@ -73,6 +74,22 @@ class Ours:
         self.engine = self.det.kind
         self.label = "ours, " + ", ".join(f"{r[:3]} {p['engine']} {p.get('effective_precision', p['precision'])}"
                                           for r, p in self.served().items())
+
+    def _pin(self, bundle: Path, pins: list[str]) -> None:
+        """--pin part="engine precision": that part on a row chosen by hand (as system.pin would serve it)."""
+        from pipeline.bundle.format import load_infer_config
+        from pipeline.bundle.system import served_engine, sub_bundle
+
+        attr = {"detection": "det", "recognition": "rec", "classifier": "cls"}
+        for pin in pins:
+            role, _, row = pin.partition("=")
+            if role not in attr or len(row.split()) != 2:
+                raise PipelineError(f"--pin {pin!r}: expected part=\"engine precision\", part one of {', '.join(attr)}")
+            engine, prec = row.split()
+            part = {"by": "pinned (--pin)", "engine": engine, "precision": prec, "why": f"--pin {pin}"}
+            getattr(self, attr[role]).close()
+            setattr(self, attr[role], served_engine(sub_bundle(bundle, load_infer_config(bundle), role), 1, "auto",
+                                                    part, role))
 
     def page(self, img: np.ndarray) -> tuple[list[tuple[list, str]], float]:
         from pipeline.ocr.system import read_pages
@@ -317,6 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default=None, choices=("paddle-inference", "onnxruntime", "openvino"),
                     help="runtime of our parts (default: the config's system.engine)")
     ap.add_argument("--only-ours", action="store_true", help="read the images with our system only (no peer, no timing)")
+    ap.add_argument("--pin", action="append", metavar='PART="ENGINE PRECISION"',
+                    help="with --bundle: serve that part on this row instead of the bundle's choice (repeatable)")
     ap.add_argument("--rapid3-python", default=None,
                     help="python of the RapidOCR 3.10 venv (`make rapidocr3-venv`): adds its two OpenVINO peers")
     ap.add_argument("--json", default=None, help="also write the results here")

@@ -150,7 +150,10 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
         subject = f"paddle-inference {prec}"
         if prec == "bf16":
             ok, why = pi.bf16_status()
-            have = ok
+            lost = [r for r, b in subs.items() if not _part_passed(b, subject)]
+            have = ok and not lost
+            if ok and lost:     # a part whose own bf16 row failed its gate (or never ran) would read garbage here
+                why = f"{', '.join(lost)}: no passing {subject} row in the part's bundle (its server gates)"
         else:
             have = all(model_prefix(b, prec) for b in subs.values())
             why = f"the bundles hold no {prec} model set (server/{prec}/ in each)"
@@ -175,6 +178,19 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
     else:
         gates.append(skipped("system", subject, "fp32", METRIC, "the bundles hold no x86 fp32 .nb set"))
     return gates, chain
+
+
+def _part_passed(sub: Path, subject: str) -> bool:
+    """Whether a part's bundle records that server row (e.g. "paddle-inference bf16") as passed."""
+    import json
+
+    from pipeline.bundle import layout
+
+    try:
+        gates = json.loads((Path(sub) / layout.MANIFEST).read_text()).get("gates") or []
+    except (OSError, ValueError):
+        return False
+    return any(g.get("subject") == subject and g.get("status") == OK for g in gates)
 
 
 def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
