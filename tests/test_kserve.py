@@ -69,8 +69,9 @@ def test_bundle_carries_onnx_and_the_measured_recommendation(smoke_bundle):
         if row.endswith(" fp32"):
             t = serving["tuning"][row.split(" ")[0]]
             assert t["batch1"]["threads"] >= 1 and t["batchN"]["threads"] >= 1
-    http = gates[f"http /predict {serving['precision']}"]    # the recommended row as served, gated at its precision
+    http = gates["http /predict as served"]    # the recommended row as served, gated at its precision
     assert http["extra"]["engine"] == serving["engine"] and http["status"] == "OK"
+    assert http["precision_requested"] == serving["precision"]
 
 
 def test_serve_uses_the_recommended_engine_unless_overridden(smoke_bundle):

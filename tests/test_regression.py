@@ -88,6 +88,27 @@ def test_precision_change_is_a_regression_but_its_explanation_is_not(tmp_path):
     assert not [c for c in regressions(compare(a, b, **LIMITS)) if c.kind == "precision"]
 
 
+def _served_run(root: Path, name: str, subject: str, precision: str, status: str = "OK") -> Path:
+    run = make_run(root, name)
+    man = json.loads((run / "server" / "manifest.json").read_text())
+    man["gates"].append(_gate("server", subject, 0.95, status, precision=precision))
+    (run / "server" / "manifest.json").write_text(json.dumps(man))
+    return run
+
+
+def test_a_changed_served_row_is_reported_but_a_failing_one_is_flagged(tmp_path):
+    """The served HTTP row is a timed choice: bf16 one night, fp32 the next is reported, never 'passed, now
+    missing'; a served row that fails its gate is a regression. Runs from before the name line up with new ones."""
+    old = run_facts(_served_run(tmp_path, "a", "http /predict bf16", "bf16"), STAGES)      # the former subject
+    now = run_facts(_served_run(tmp_path, "b", "http /predict as served", "fp32"), STAGES)
+    comps = compare(old, now, **LIMITS)
+    served = [c for c in comps if "as served" in c.name]
+    assert not regressions(comps) and {c.kind for c in served} == {"status", "metric", "precision"}
+    assert any("served precision bf16 → fp32" in c.message for c in served)
+    broken = run_facts(_served_run(tmp_path, "c", "http /predict as served", "fp32", status="FAIL"), STAGES)
+    assert [c.kind for c in regressions(compare(now, broken, **LIMITS))] == ["status"]
+
+
 def test_unverified_rows_never_count_as_ok(tmp_path):
     unverified = run_facts(make_run(tmp_path, "a"), STAGES)
     claimed_ok = run_facts(make_run(tmp_path, "b", arm_status="OK"), STAGES)

@@ -202,7 +202,7 @@ def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
     eng = registry.make_routed("onnxruntime", smoke_chain / "server" / "onnx" / "model_int8.onnx", "int8",
                                {"batch1": {"threads": 1}, "batchN": {"threads": 1}})
     g = _http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
-    assert g.subject == "http /predict int8" and g.precision_requested == "int8"
+    assert g.subject == "http /predict as served" and g.precision_requested == "int8"
     assert g.precision_effective == eng.effective_precision and g.extra["engine"] == "onnxruntime"
     assert g.status == "OK", g.reason
     assert any(c.key.startswith("server.gates.int8") for c in g.checks)
