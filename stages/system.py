@@ -102,6 +102,8 @@ class _Chain:
     subs: dict          # role → model bundle folder (detection, recognition[, classifier])
     row_lines: dict = field(default_factory=dict)     # subject → lines that row read
     evidence: Path | None = None    # where a crashed row's traceback goes (run_row)
+    served: dict | None = None      # role → what /ocr serves and why (system.engine auto: chosen on these pages)
+    engines: dict = field(default_factory=dict)       # (role, engine, precision, tag) → loaded engine, shared
 
 
 def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
@@ -167,7 +169,7 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
                                sc.gates[prec]))
     gates += _other_engine_rows(ctx, chain, threads)
     if sc.engine == "auto":
-        gates.append(_served_row(ctx, chain, threads))
+        gates += _served_rows(ctx, chain, threads)
     subject = "lite x86 fp32"
     x86_nb = layout.mobile_nb("x86", "fp32")
     if all((b / x86_nb).is_file() for b in subs.values()):
@@ -216,20 +218,152 @@ def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
 SERVED = "as served (system.engine=auto)"
 
 
-def _served_row(ctx, chain: _Chain, threads: int) -> Gate:
-    """Each part on its own recommendation (engine and precision, as /ocr loads it), gated on its drop vs the fp32
-    chain with the tolerance of the lowest precision in the set (system.gates.<int8|fp16|bf16>, else engines)."""
-    from pipeline.bundle.system import served_engine
+def _engine(chain: _Chain, role: str, kind: str, prec: str, threads: int, tag: str = ""):
+    """One part's engine as /ocr loads it (load_engine: the bundle's tuned settings), loaded once per (role, engine,
+    precision[, tag: a separate instance, so a Paddle engine's shape cache is not shared between timed sets])."""
+    from pipeline.bundle.format import load_infer_config
+    from pipeline.bundle.serving_choice import load_engine
 
-    parts = _parts_served(ctx.cfg.system, chain.subs)
-    precs = [p["precision"] for p in parts.values()]
-    key = next((p for p in ("int8", "fp16", "bf16") if p in precs), "engines")
-    for r, p in parts.items():
-        log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
-    g = _pair_row(chain, SERVED, "/".join(precs), lambda r, b: served_engine(b, threads, "auto", parts[r], r),
-                  ctx.cfg.system.gates[key])
-    g.extra.update(served=parts, tolerance_key=f"system.gates.{key}")
+    key = (role, kind, prec, tag)
+    if key not in chain.engines:
+        sub = chain.subs[role]
+        chain.engines[key] = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role)
+    return chain.engines[key]
+
+
+def _lines_kept(g: Gate) -> Gate:
+    """The system gates plus what users read: lines identical to the fp32 chain's >= MIN_LINES_KEPT."""
+    from pipeline.core.gates import agreement_check
+    from pipeline.bundle.system_choice import MIN_LINES_KEPT
+
+    kept = g.extra.get("agreement_with_fp32")
+    if kept is None:        # the row crashed: its verdict stands
+        return g
+    c = agreement_check("lines_same_as_fp32_chain", kept, MIN_LINES_KEPT,
+                        detail="lines at matching boxes with identical text (docs/serving_choice.md)")
+    g.checks.append(c)
+    if not c.passed:
+        g.status = FAIL
+        g.reason = "; ".join(x.describe() for x in g.checks if not x.passed)
     return g
+
+
+def _combo_row(ctx, chain: _Chain, subject: str, combo: dict, threads: int) -> Gate:
+    """One set (role → (engine, precision)) through the flow, gated on its drop vs the fp32 chain with the tolerance
+    of its lowest precision (system.gates.<int8|fp16|bf16>, else engines) and on the lines it keeps."""
+    precs = [combo[r][1] for r in chain.subs]
+    key = next((p for p in ("int8", "fp16", "bf16") if p in precs), "engines")
+    g = _pair_row(chain, subject, "/".join(precs), lambda r, b: _engine(chain, r, *combo[r], threads),
+                  ctx.cfg.system.gates[key])
+    g.extra["tolerance_key"] = f"system.gates.{key}"
+    return _lines_kept(g)
+
+
+def _judge_part(ctx, chain: _Chain, role: str, pairs: list, threads: int) -> tuple[list[Gate], list[dict]]:
+    """Each candidate row of one part, the other parts on the fp32 chain's rows: its system gate (EXCLUDED, not
+    FAIL, when it misses: a candidate that does not serve)."""
+    from pipeline.core.gates import apply_role
+    from pipeline.bundle.system_choice import FP32_REF
+
+    gates, rows = [], []
+    for kind, prec in pairs:
+        if (kind, prec) == FP32_REF:
+            rows.append({"engine": kind, "precision": prec, "passed": True, "lines_kept": 1.0,
+                         "detail": "the fp32 chain"})
+            continue
+        combo = {r: (kind, prec) if r == role else FP32_REF for r in chain.subs}
+        g = apply_role(_combo_row(ctx, chain, f"choice {role}: {kind} {prec}", combo, threads), "candidate")
+        gates.append(g)
+        rows.append({"engine": kind, "precision": prec, "passed": g.status == OK,
+                     "lines_kept": g.extra.get("agreement_with_fp32"), "detail": g.reason})
+    return gates, rows
+
+
+def _time_sets(chain: _Chain, combos: dict, threads: int, start: int = 0) -> dict:
+    """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets); the fp32 chain
+    ("fp32 chain") on engines of its own."""
+    from pipeline.ocr.system import read_pages
+    from pipeline.bundle.system_choice import FP32_REF, time_sets, varied_pages
+
+    sets = {"fp32 chain": {r: _engine(chain, r, *FP32_REF, threads, tag="ref") for r in chain.subs}}
+    sets.update({k: {r: _engine(chain, r, *c[r], threads) for r in chain.subs} for k, c in combos.items()})
+    pages = list(chain.pages["images"])
+
+    def read(page, e):
+        read_pages([page], e["detection"], e["recognition"], chain.spec, cls=e.get("classifier"))
+
+    return time_sets(sets, varied_pages(pages, start=start), read, warmup=pages[0])
+
+
+def _choose(ctx, chain: _Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
+    """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
+    from pipeline.bundle.format import load_infer_config
+    from pipeline.bundle.system_choice import FP32_REF, choose_part, part_candidates
+
+    free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
+    gates, rows = [], {}
+    for r in free:
+        sub = chain.subs[r]
+        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, load_infer_config(sub)), threads)
+        gates += g
+    combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else FP32_REF
+                                                       for q in chain.subs}
+              for r in free for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != FP32_REF}
+    res = _time_sets(chain, combos, threads)
+    for r in free:
+        for x in rows[r]:
+            t = res.get("fp32 chain" if (x["engine"], x["precision"]) == FP32_REF
+                        else f"{r}: {x['engine']} {x['precision']}")
+            if t:
+                x.update(part_s=t["parts"][r], chain_s=t["seconds"])
+        log.info("[system] %s on the system's pages: %s", r, ", ".join(
+            f"{x['engine']} {x['precision']} {x.get('part_s', '-')} s" for x in rows[r]))
+    return gates, {r: choose_part(r, rows[r]) for r in free}
+
+
+def _served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> dict:
+    from pipeline.bundle.layout import serving_model
+    from pipeline.bundle.system import measured_on
+    from pipeline.bundle.system_choice import TIMING_PAGES, ROUNDS, why_chosen
+
+    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "lines_kept", "part_s", "detail")
+    return {"engine": chosen["engine"], "precision": chosen["precision"], "by": "system pages",
+            "why": why_chosen(role, chosen, TIMING_PAGES * ROUNDS, f"{rec['engine']} {rec['precision']}"),
+            **{k: chosen[k] for k in ("speedup_vs_fp32", "speedup_vs_fastest_fp32", "chain_speedup_vs_fp32",
+                                      "lines_kept")},
+            "recommended": {k: rec[k] for k in ("engine", "precision", "why") if k in rec},
+            "candidates": [{k: x[k] for k in keep if x.get(k) not in (None, "")} for x in rows],
+            "model": serving_model(chosen["engine"], chosen["precision"]), "measured_on": measured_on(sub)}
+
+
+def _served_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
+    """What /ocr serves: pinned parts as pinned, the others chosen on the system's pages; the set is gated together
+    (falling back part by part to fp32 when it fails together) and timed against the fp32 chain."""
+    from pipeline.bundle.system_choice import fallbacks
+
+    served = _parts_served(ctx.cfg.system, chain.subs)
+    gates, picks = _choose(ctx, chain, served, threads)
+    for r, (chosen, rows) in picks.items():
+        served[r] = _served_entry(chain.subs[r], r, chosen, rows, served[r])
+    tries = fallbacks({r: c for r, (c, _) in picks.items()})
+    for i, combo in enumerate(tries):
+        full = {r: combo.get(r) or (p["engine"], p["precision"]) for r, p in served.items()}
+        g = _combo_row(ctx, chain, SERVED, full, threads)
+        if g.status == OK or i == len(tries) - 1:
+            break
+        log.warning("[system] the chosen set %s failed together (%s): the next one puts a part back on fp32",
+                    full, g.reason)
+    for r, (kind, prec) in full.items():
+        if (served[r]["engine"], served[r]["precision"]) != (kind, prec):
+            served[r].update(engine=kind, precision=prec, by="system pages (fallback)",
+                             why=f"fp32 fallback: the chosen set failed its gate together ({g.reason})")
+    for r, p in served.items():
+        log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
+    t = _time_sets(chain, {"as served": full}, threads, start=64)
+    g.extra.update(served=served, timing={**t, "how": "interleaved, pages of varied shape"},
+                   chain_speedup_vs_fp32=round(t["fp32 chain"]["seconds"] / t["as served"]["seconds"], 3))
+    chain.served = served
+    return gates + [g]
 
 
 def _parts_served(sc, subs: dict) -> dict:
@@ -281,7 +415,7 @@ def _http_row(ctx, folder: Path, chain: _Chain, threads) -> Gate:
     return g
 
 
-def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
+def _infer_config(sc, subs: dict, keys: dict, ref: dict, served: dict | None = None) -> dict:
     from pipeline.tasks.ppocr_system import flow_of
     from pipeline.core.capabilities import describe
 
@@ -293,7 +427,7 @@ def _infer_config(sc, subs: dict, keys: dict, ref: dict) -> dict:
             "flow": flow_of(sc.model_dump()), "engine": sc.engine,
             # what /ocr serves per part (auto: each part's recommendation; else that runtime on the fp32 models)
             # and why; measured_on: the CPU each part's rows were gated and timed on (serve re-checks its own)
-            "served": _parts_served(sc, subs) if sc.engine == "auto" else
+            "served": served if sc.engine == "auto" else
                       {r: {"engine": sc.engine, "precision": "fp32", "by": "system.engine",
                            "why": f"system.engine={sc.engine}: every part's fp32 model on that runtime"} for r in subs},
             "built_on": {"cpu": env.hardware()["cpu"], **describe()},
@@ -340,7 +474,7 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
     k = min(sc.samples, len(chain.pages["images"]))
     served = chain.row_lines.get(SERVED) if sc.engine == "auto" else None
     write_samples(b, list(chain.pages["images"][:k]), chain.lines[:k], served[:k] if served else None)
-    icfg = _infer_config(sc, chain.subs, chain.keys, chain.ref)
+    icfg = _infer_config(sc, chain.subs, chain.keys, chain.ref, chain.served)
     atomic_write_text(b / layout.INFER_CONFIG, yaml.safe_dump(icfg, sort_keys=False, allow_unicode=True))
     atomic_write_text(b / layout.MODEL_CARD, _model_card(name, gates, parts, icfg["served"]))
     part_gates = [g for r in chain.subs for g in ctx.input_manifests[r].get("gates", [])]

@@ -108,7 +108,7 @@ def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None
     from pipeline.engines import registry
     from pipeline.bundle.serving_choice import MODEL_PATHS, load_engine
 
-    if kind == "auto" and part and str(part.get("by", "")).startswith("pinned"):
+    if kind == "auto" and part and part.get("by", "recommendation") != "recommendation":   # pinned, system pages
         eng = load_engine(sub, load_infer_config(sub), part["engine"], threads, part["precision"], label=role)
         eng.serving["why"] = part.get("why", eng.serving["why"])
         return eng

@@ -1,0 +1,155 @@
+"""Each OCR part's served row, chosen on the system's own pages (the system stage loads, gates and times; this
+module holds the plain parts: which rows compete, the timing loop, the choice).
+
+A part's own recommendation is measured on its validation inputs, one fixed shape: Paddle Inference, which pays
+for every new input shape, wins there, while every real page is a new shape (issue 29: the detector's Paddle
+int8 was 3.34x its fp32 on 736x736 maps and 0.57 pages/s on the real images, OpenVINO fp32 1.52). So each part's
+rows that passed in its bundle are timed again inside the system, on pages of varied shapes, interleaved, and the
+fastest whose lines pass the system gates is served (docs/serving_choice.md).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bundle import layout
+
+FP32_REF = ("paddle-inference", "fp32")     # the fp32 chain every row is judged and timed against
+MAX_LOW = 3             # low-precision rows per part (the bundle's fastest passing ones), besides its fp32 rows
+TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
+ROUNDS = 2
+MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
+
+
+def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
+                    max_low: int = MAX_LOW) -> list[tuple[str, str]]:
+    """(engine, precision) rows of one part that may compete: the fp32 chain's row, the part's recommendation as
+    this CPU runs it, every fp32 row and the `max_low` fastest low-precision rows that passed in its bundle
+    (verdict chosen/slower: gates, budget, min_speedup), whose kernels this CPU runs and whose model is bundled."""
+    from pipeline.core.capabilities import cpu_flags
+    from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
+
+    here = cpu_flags() if here is None else here
+    built = built_flags(sub)
+    rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
+            if c.get("verdict") in PASSED and kernel_refusal(c["precision"], built, here) is None
+            and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"]))]
+    low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
+    ch = runnable_choice(sub, infer_cfg, here)
+    pairs = [FP32_REF, (ch["engine"], ch["precision"])] + [(c["engine"], "fp32") for c in rows
+                                                           if c["precision"] == "fp32"]
+    pairs += [(c["engine"], c["precision"]) for c in low[:max_low]]
+    return list(dict.fromkeys(pairs))
+
+
+class Timed:
+    """An engine that adds up the wall time of its own calls (the part's share of a chain's time)."""
+
+    def __init__(self, engine):
+        self.engine, self.seconds = engine, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def run(self, x):
+        t0 = time.perf_counter()
+        try:
+            return self.engine.run(x)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def run_batched(self, x, batch_size):
+        t0 = time.perf_counter()
+        try:
+            return self.engine.run_batched(x, batch_size)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def varied_pages(pages: list[np.ndarray], n: int = TIMING_PAGES, rounds: int = ROUNDS, step: float = 0.09,
+                 start: int = 0) -> list:
+    """rounds x n pages, each stretched to its own aspect ratio (width or height, alternately, by 1 + k*step), so no
+    input shape repeats across the timing loop: as real pages, each a new shape for the detector (start: a later
+    loop's first k, so its shapes are new too)."""
+    import cv2
+
+    out, k = [], start
+    for _ in range(rounds):
+        row = []
+        for p in pages[:n]:
+            k += 1
+            h, w = p.shape[:2]
+            f = 1.0 + k * step
+            size = (int(round(w * f)), h) if k % 2 else (w, int(round(h * f)))
+            row.append(cv2.resize(p, size, interpolation=cv2.INTER_LINEAR))
+        out.append(row)
+    return out
+
+
+def time_sets(sets: dict, rounds_pages: list[list[np.ndarray]], read, warmup: np.ndarray | None = None) -> dict:
+    """Interleaved: page by page, every set in a rotating order; sets: label -> {role: engine}; read(page, engines)
+    reads one page. -> label -> {"seconds": the chain's total, "parts": {role: that engine's own seconds}}."""
+    timed = {k: {r: Timed(e) for r, e in engines.items()} for k, engines in sets.items()}
+    labels, total = list(sets), {k: 0.0 for k in sets}
+    if warmup is not None:
+        for k in labels:
+            read(warmup, timed[k])
+        for engines in timed.values():
+            for t in engines.values():
+                t.seconds = 0.0
+    i = 0
+    for pages in rounds_pages:
+        for page in pages:
+            order = labels[i % len(labels):] + labels[:i % len(labels)]
+            i += 1
+            for k in order:
+                t0 = time.perf_counter()
+                read(page, timed[k])
+                total[k] += time.perf_counter() - t0
+    return {k: {"seconds": round(total[k], 4), "parts": {r: round(t.seconds, 4) for r, t in timed[k].items()}}
+            for k in labels}
+
+
+def choose_part(role: str, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """rows: {"engine", "precision", "passed", "detail", "lines_kept", "part_s", "chain_s"} of one part, one of them
+    the fp32 chain's row (FP32_REF). The fastest passing row by the part's own seconds wins. -> (chosen row with
+    its speed ratios, every row with a verdict: chosen | slower | failed gate)."""
+    ref = next(r for r in rows if (r["engine"], r["precision"]) == FP32_REF)
+    ok = [r for r in rows if r["passed"] and r.get("part_s")]
+    best = min(ok, key=lambda r: r["part_s"])
+    fp32 = min((r for r in ok if r["precision"] == "fp32"), key=lambda r: r["part_s"])
+    out = []
+    for r in rows:
+        v = "chosen" if r is best else ("slower" if r in ok else "failed gate")
+        d = {**r, "verdict": v}
+        if r.get("part_s"):
+            d["speedup_vs_fp32"] = round(ref["part_s"] / r["part_s"], 3)
+        out.append(d)
+    chosen = {**best, "speedup_vs_fp32": round(ref["part_s"] / best["part_s"], 3),
+              "speedup_vs_fastest_fp32": round(fp32["part_s"] / best["part_s"], 3),
+              "chain_speedup_vs_fp32": round(ref["chain_s"] / best["chain_s"], 3) if best.get("chain_s") else None,
+              "fastest_fp32": f"{fp32['engine']} fp32"}
+    return chosen, out
+
+
+def why_chosen(role: str, chosen: dict, pages: int, recommended: str) -> str:
+    """The one-line reason a part serves its row (infer_config served.<part>.why)."""
+    return (f"fastest on the system's pages: {role} {chosen['speedup_vs_fp32']:.2f}x paddle-inference fp32 "
+            f"({chosen['speedup_vs_fastest_fp32']:.2f}x the fastest fp32, {chosen['fastest_fp32']}; part time "
+            f"interleaved on {pages} pages of varied shape), lines kept {chosen['lines_kept']:.3f} vs the fp32 "
+            f"chain; the bundle recommended {recommended}")
+
+
+def fallbacks(chosen: dict[str, dict]) -> list[dict[str, tuple[str, str]]]:
+    """Combinations to try in order when the chosen one fails its gate together: the chosen rows, then low-precision
+    parts put back one by one on their fastest fp32 row, the smallest gain first."""
+    combo = {r: (c["engine"], c["precision"]) for r, c in chosen.items()}
+    out = [dict(combo)]
+    low = sorted((r for r, c in chosen.items() if c["precision"] != "fp32"),
+                 key=lambda r: chosen[r]["speedup_vs_fastest_fp32"])
+    for r in low:
+        combo[r] = (chosen[r]["fastest_fp32"].split()[0], "fp32")
+        out.append(dict(combo))
+    return out

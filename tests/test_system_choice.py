@@ -1,0 +1,182 @@
+"""Each OCR part's served row chosen on the system's own pages (issue 29): which rows compete, the interleaved
+timing on pages of varied shape, the choice (fastest that passes), the fallback when the chosen set fails together,
+and the pin. Stub engines and stub gate rows: no model runs here."""
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.bundle import system as _system  # noqa: F401  (bound before load_infer_config is patched)
+from pipeline.bundle import system_choice as ch
+from pipeline.core.gates import FAIL, OK, Check, Gate
+from tests.test_serving_cpu import _bundle, _flags
+
+
+def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fastest_low_precision(tmp_path,
+                                                                                                 monkeypatch):
+    amx = _flags("intel_amx", "", monkeypatch)
+    sub, cfg = _bundle(tmp_path, amx)
+    got = ch.part_candidates(sub, cfg, here=amx)
+    assert got[:2] == [ch.FP32_REF, ("openvino", "bf16")]
+    assert {("openvino", "fp32"), ("onnxruntime", "fp32"), ("onnxruntime", "int8")} <= set(got)
+    assert len(got) == len(set(got))
+    assert ch.part_candidates(sub, cfg, here=amx, max_low=1).count(("onnxruntime", "int8")) == 0
+    # a CPU without bf16 and VNNI: neither the bf16 row nor the VNNI-gated int8 row competes
+    avx2 = _flags("amd_avx2", "", monkeypatch)
+    got = ch.part_candidates(sub, cfg, here=avx2)
+    assert all(p == "fp32" for _, p in got)
+
+
+def test_varied_pages_never_repeat_a_shape():
+    pages = [np.zeros((64, 96, 3), np.uint8)] * 3
+    rounds = ch.varied_pages(pages, n=3, rounds=2) + ch.varied_pages(pages, n=3, rounds=1, start=6)
+    shapes = [p.shape for r in rounds for p in r]
+    assert len(shapes) == 9 and len(set(shapes)) == 9
+
+
+class _Stub:
+    """An engine whose call takes `ms` per call; records the order it was called in."""
+
+    def __init__(self, name, ms, log):
+        self.name, self.ms, self.log = name, ms, log
+        self.effective_precision = "fp32"
+
+    def run(self, x):
+        self.log.append(self.name)
+        time.sleep(self.ms / 1000)
+        return x
+
+
+def test_time_sets_is_interleaved_and_splits_each_parts_time():
+    log = []
+    sets = {k: {"detection": _Stub(f"{k}.det", d, log), "recognition": _Stub(f"{k}.rec", 1, log)}
+            for k, d in (("a", 1), ("b", 12))}
+
+    def read(page, e):
+        e["detection"].run(page)
+        e["recognition"].run(page)
+
+    pages = ch.varied_pages([np.zeros((8, 8), np.uint8)] * 2, n=2, rounds=2)
+    res = ch.time_sets(sets, pages, read, warmup=np.zeros((8, 8), np.uint8))
+    assert log[:4] == ["a.det", "a.rec", "b.det", "b.rec"]          # the warm-up, then rotating order
+    dets = [x for x in log[4:] if x.endswith("det")]
+    assert dets[:4] == ["a.det", "b.det", "b.det", "a.det"]
+    assert res["b"]["parts"]["detection"] > res["a"]["parts"]["detection"] * 3
+    assert res["a"]["seconds"] >= res["a"]["parts"]["detection"] + res["a"]["parts"]["recognition"]
+
+
+def _rows():
+    return [{"engine": "paddle-inference", "precision": "fp32", "passed": True, "lines_kept": 1.0,
+             "part_s": 4.0, "chain_s": 10.0},
+            {"engine": "openvino", "precision": "fp32", "passed": True, "lines_kept": 1.0, "part_s": 2.0,
+             "chain_s": 8.0},
+            {"engine": "openvino", "precision": "bf16", "passed": True, "lines_kept": 0.97, "part_s": 1.0,
+             "chain_s": 7.0},
+            {"engine": "paddle-inference", "precision": "int8", "passed": False, "lines_kept": 0.82, "part_s": 0.5,
+             "detail": "lines_same_as_fp32_chain 0.82 < limit 0.95"}]
+
+
+def test_the_fastest_row_that_passes_is_chosen_with_its_ratios():
+    chosen, rows = ch.choose_part("detection", _rows())
+    assert (chosen["engine"], chosen["precision"]) == ("openvino", "bf16")
+    assert chosen["speedup_vs_fp32"] == 4.0 and chosen["speedup_vs_fastest_fp32"] == 2.0
+    assert chosen["chain_speedup_vs_fp32"] == pytest.approx(10 / 7, abs=1e-3)
+    assert [r["verdict"] for r in rows] == ["slower", "slower", "chosen", "failed gate"]
+    why = ch.why_chosen("detection", chosen, 8, "paddle-inference int8")
+    assert "4.00x paddle-inference fp32" in why and "lines kept 0.970" in why and "paddle-inference int8" in why
+
+
+def test_fallbacks_put_the_smallest_gain_back_on_fp32_first():
+    det, _ = ch.choose_part("detection", _rows())
+    rec = {**det, "engine": "onnxruntime", "precision": "int8", "speedup_vs_fastest_fp32": 1.2,
+           "fastest_fp32": "onnxruntime fp32"}
+    cls = {**det, "engine": "onnxruntime", "precision": "fp32", "speedup_vs_fastest_fp32": 1.0,
+           "fastest_fp32": "onnxruntime fp32"}
+    tries = ch.fallbacks({"detection": det, "recognition": rec, "classifier": cls})
+    assert tries[0] == {"detection": ("openvino", "bf16"), "recognition": ("onnxruntime", "int8"),
+                        "classifier": ("onnxruntime", "fp32")}
+    assert tries[1]["recognition"] == ("onnxruntime", "fp32") and tries[1]["detection"] == ("openvino", "bf16")
+    assert tries[2]["detection"] == ("openvino", "fp32") and len(tries) == 3
+
+
+def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
+    """stages.system with stub gate rows (kept(combo) -> lines kept) and stub timings (per row)."""
+    import stages.system as st
+    from pipeline.core.config import load_config
+
+    subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
+    cands = {"detection": [ch.FP32_REF, ("openvino", "fp32"), ("openvino", "bf16"), ("paddle-inference", "int8")],
+             "recognition": [ch.FP32_REF, ("openvino", "fp32")]}
+    part_s = {("paddle-inference", "fp32"): 4.0, ("openvino", "fp32"): 2.0, ("openvino", "bf16"): 1.0,
+              ("paddle-inference", "int8"): 0.5, ("onnxruntime", "fp32"): 3.0}
+    monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg: cands[sub.name[:3]
+                        .replace("det", "detection").replace("rec", "recognition")])
+    monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
+    monkeypatch.setattr(st, "_parts_served", lambda sc, s: {
+        r: ({"engine": pin[r].split()[0], "precision": pin[r].split()[1], "by": f"pinned (system.pin.{r})",
+             "why": "pinned"} if pin and r in pin else
+            {"engine": "paddle-inference", "precision": "int8", "by": "recommendation", "why": "3.3x"}) for r in s})
+    monkeypatch.setattr("pipeline.bundle.system.measured_on", lambda sub: None)
+    tried = []
+
+    def combo_row(ctx, chain, subject, combo, threads):
+        tried.append((subject, dict(combo)))
+        k = kept(combo)
+        g = Gate("system", subject, "x", "x", "line_accuracy", value=1.0, status=OK if k >= 0.95 else FAIL,
+                 checks=[Check("lines_same_as_fp32_chain", k, 0.95, ">=", k >= 0.95)])
+        g.extra["agreement_with_fp32"] = k
+        g.reason = "" if k >= 0.95 else "lines_same_as_fp32_chain"
+        return g
+
+    def time_sets(chain, combos, threads, start=0):
+        out = {"fp32 chain": {"seconds": 10.0, "parts": {r: part_s[ch.FP32_REF] for r in subs}}}
+        for k, c in combos.items():
+            out[k] = {"seconds": 6.0 + sum(part_s[c[r]] for r in subs), "parts": {r: part_s[c[r]] for r in subs}}
+        return out
+
+    monkeypatch.setattr(st, "_combo_row", combo_row)
+    monkeypatch.setattr(st, "_time_sets", time_sets)
+    chain = st._Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs=subs)
+    ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
+    gates = st._served_rows(ctx, chain, 1)
+    return chain, gates, tried
+
+
+def _int8_loses(combo):
+    return 0.82 if combo["detection"] == ("paddle-inference", "int8") else 1.0
+
+
+def test_the_stage_serves_the_fastest_rows_that_pass_on_its_pages(monkeypatch, tmp_path):
+    # Paddle int8 (the bundle's recommendation) is the fastest but loses lines on the system's pages
+    chain, gates, tried = _stub_stage(monkeypatch, tmp_path, _int8_loses)
+    det, rec = chain.served["detection"], chain.served["recognition"]
+    assert (det["engine"], det["precision"], det["by"]) == ("openvino", "bf16", "system pages")
+    assert det["speedup_vs_fp32"] == 4.0 and det["recommended"]["precision"] == "int8"
+    assert {c["verdict"] for c in det["candidates"] if c["precision"] == "int8"} == {"failed gate"}
+    assert (rec["engine"], rec["precision"]) == ("openvino", "fp32")
+    served = gates[-1]
+    assert served.subject == "as served (system.engine=auto)" and served.status == OK
+    assert served.extra["chain_speedup_vs_fp32"] > 1
+    assert [g.status for g in gates[:-1] if "int8" in g.subject] == ["EXCLUDED"]
+    assert [s for s, _ in tried].count("as served (system.engine=auto)") == 1
+
+
+def test_a_set_that_fails_together_falls_back_to_fp32(monkeypatch, tmp_path):
+    def together(combo):    # each part passes alone; bf16 det with the OpenVINO rec loses lines
+        bad = combo["detection"] == ("openvino", "bf16") and combo["recognition"] == ("openvino", "fp32")
+        return 0.9 if bad else _int8_loses(combo)
+
+    chain, gates, tried = _stub_stage(monkeypatch, tmp_path, together)
+    served = [c for s, c in tried if s.startswith("as served")]
+    assert served[0] == {"detection": ("openvino", "bf16"), "recognition": ("openvino", "fp32")}
+    assert served[-1] == {"detection": ("openvino", "fp32"), "recognition": ("openvino", "fp32")}
+    assert chain.served["detection"]["by"] == "system pages (fallback)" and gates[-1].status == OK
+
+
+def test_a_pinned_part_is_not_chosen_again(monkeypatch, tmp_path):
+    chain, gates, tried = _stub_stage(monkeypatch, tmp_path, _int8_loses, pin={"recognition": "onnxruntime fp32"})
+    assert chain.served["recognition"]["by"].startswith("pinned")
+    assert chain.served["detection"]["precision"] == "bf16"
+    assert all(c["recognition"] == ("onnxruntime", "fp32") for s, c in tried if s.startswith("as served"))
+    assert not any(s.startswith("choice recognition") for s, _ in tried)
