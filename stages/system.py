@@ -363,6 +363,9 @@ def _served_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
     g.extra.update(served=served, timing={**t, "how": "interleaved, pages of varied shape"},
                    chain_speedup_vs_fp32=round(t["fp32 chain"]["seconds"] / t["as served"]["seconds"], 3))
     chain.served = served
+    for eng in chain.engines.values():       # the HTTP row and verify load their own
+        getattr(eng, "close", lambda: None)()
+    chain.engines.clear()
     return gates + [g]
 
 
@@ -558,6 +561,6 @@ STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",
                          "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py", "pipeline/bundle/system.py",
-                         "pipeline/bundle/recommend.py"),
+                         "pipeline/bundle/recommend.py", "pipeline/bundle/system_choice.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")
