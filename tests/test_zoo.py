@@ -97,17 +97,23 @@ def test_bn_recalibrate_averages_batch_statistics():
 
 @pytest.mark.slow
 def test_user_model_by_import_path_train_export_deploy_on_default_gates(tmp_path):
-    """`make train export deploy` (the same CLI calls) with a user model on every default parity gate."""
+    """`make train export deploy` (the same CLI calls) with a user model on every default parity gate. The
+    low-precision rows are serving candidates here (server.roles): whether an int8 or bf16 kernel holds depends on the
+    CPU (OpenVINO int8 moved this model's logits by 0.94 of their scale on an AMX Xeon, ONNX Runtime's by 0.21), so a
+    failed one is EXCLUDED, gated and reported, never served; fp32 on every engine must pass."""
     args = ["-c", "configs/smoke.yaml", "-o", f"run.root={tmp_path}", "-o", "run.name=user",
             "-o", f"bundle.root={tmp_path}/bundles", "-o", "model.name=tests.user_models:HybridNet",
-            "-o", "lite.arm=[fp32,int8]"]
+            "-o", "lite.arm=[fp32,int8]", "-o", "server.roles={int8: candidate, bf16: candidate}"]
     for stages in (["train"], ["export"], ["server", "lite", "bundle"]):
         res = _cli("run", *stages, *args)
         assert res.returncode == 0, res.stderr[-3000:]
     run = tmp_path / "user"
     for stage in ("train", "export", "server", "lite", "bundle"):
         man = json.loads((run / stage / "manifest.json").read_text())
-        assert man["status"] == "OK" and all(g["status"] in ("OK", "SKIPPED", "UNVERIFIED") for g in man["gates"]), stage
+        assert man["status"] == "OK", stage
+        for g in man["gates"]:
+            allowed = ("OK", "SKIPPED", "UNVERIFIED") + (("EXCLUDED",) if g["precision_requested"] in ("int8", "bf16") else ())
+            assert g["status"] in allowed, (stage, g["subject"], g["status"], g.get("reason"))
     lite_man = json.loads((run / "lite" / "manifest.json").read_text())
     assert any("swish@" in r and "beta" in r for r in lite_man["info"]["restored_for_lite"])
     server = json.loads((run / "server" / "manifest.json").read_text())
