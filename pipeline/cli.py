@@ -110,7 +110,7 @@ def _run_system(args, cfg) -> int:
 
 def _trains(cfg, names: list[str]) -> bool:
     """Whether these stages train in this process (an imported model's `train` stage only loads and checks it)."""
-    return "train" in names and cfg.model.source not in ("inference", "pir")
+    return "train" in names and cfg.model.source not in ("inference", "pir", "onnx")
 
 
 def _stages(args) -> int:

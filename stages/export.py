@@ -69,6 +69,8 @@ def run(ctx: StageContext) -> StageResult:
     task = get_task(info["task"], info.get("postprocess"))
     prefix = ctx.out_dir / "inference"
     t0 = time.perf_counter()
+    if info.get("source") == "onnx":            # an ONNX import: the file is the model, re-run by its reference
+        return _export_onnx(ctx, info, task, x, labels, reference, images)
     if info.get("source") == "inference":       # imported: the program is the model; copy it as it is
         for suffix in (".pdmodel", ".pdiparams"):
             shutil.copy2(ctx.input("train", f"imported/inference{suffix}"), str(prefix) + suffix)
@@ -97,7 +99,31 @@ def run(ctx: StageContext) -> StageResult:
                                                                                       "inference.pdiparams"]})
 
 
+def _export_onnx(ctx, info: dict, task, x, labels, reference, images) -> StageResult:
+    """model.source=onnx: model.onnx copied as it is, reloaded and re-run by the reference engine (ONNX Runtime
+    fp32, basic optimizations), gated against train's reference like any export."""
+    from pipeline.models import onnx_import
+
+    t0 = time.perf_counter()
+    model = ctx.out_dir / "model.onnx"
+    shutil.copy2(ctx.input("train", "imported/model.onnx"), model)
+    out = onnx_import.reference_outputs(model, x)
+    metric = task.primary_metric
+    gate = Gate("export", "imported ONNX model reloaded vs its reference", "float32", "float32", metric,
+                reference=task.metrics(reference, labels)[metric])
+    evaluate_tol(gate, out, reference, ctx.cfg.export.gate, task.metrics(out, labels)[metric], task, key="export.gate")
+    gate.seconds = round(time.perf_counter() - t0, 2)
+    buf = io.BytesIO()
+    np.savez(buf, inputs=x, labels=labels, outputs=out, images=images)
+    atomic_write_bytes(ctx.out_dir / "reference.npz", buf.getvalue())
+    atomic_write_text(ctx.out_dir / "info.json", json.dumps(info, indent=2))
+    return StageResult(gates=[gate], precision={"requested": "float32", "effective": "float32"},
+                       metrics={metric: gate.value}, info={"source": "onnx", "files": ["model.onnx"]})
+
+
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
-              outputs=("inference.pdmodel", "inference.pdiparams", "reference.npz", "info.json"),
+              outputs=("reference.npz", "info.json"),
+              # a Paddle program, or (model.source=onnx) the ONNX file as imported
+              optional_outputs=("inference.pdmodel", "inference.pdiparams", "model.onnx"),
               code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/core/gates.py"),
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -78,6 +78,8 @@ def run(ctx: StageContext) -> StageResult:
     lc = ctx.cfg.lite
     exp = ctx.input("export")
     ref = load_reference(exp)
+    if ref.info.get("source") == "onnx":       # no Paddle program to convert: every row says why
+        return _onnx_skipped(ctx, ref)
     ops = list_ops(exp / "inference.pdmodel")
     made = _Made()
     gates = []
@@ -101,6 +103,18 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics={g.subject: g.extra.get("bytes") for g in gates},
                        info={"ops": ops, "restored_for_lite": restored})
+
+
+def _onnx_skipped(ctx, ref) -> StageResult:
+    from pipeline.models.onnx_import import SKIP_ROWS
+
+    lc, metric = ctx.cfg.lite, ref.task.primary_metric
+    rows = [("arm", p) for p in lc.arm] + ([("x86", "fp32")] if lc.verify_x86 else [])
+    gates = [skipped("lite", f"lite {t} {p}", p, metric, SKIP_ROWS["lite"]) for t, p in rows]
+    write_json(ctx.out_dir / "lite.json", {"ops": [], "files": {}, "restored_for_lite": [],
+                                           "skipped": SKIP_ROWS["lite"]})
+    return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
+                       metrics={g.subject: None for g in gates}, info={"ops": [], "restored_for_lite": []})
 
 
 @dataclass

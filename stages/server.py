@@ -47,6 +47,31 @@ def batch_sizes(cfg, prefix, x) -> dict:
             "calib": calib_batch(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
 
 
+def _imported_onnx(ref):
+    """The export's model.onnx when model.source=onnx (pipeline/models/onnx_import.py), else None."""
+    from pathlib import Path
+
+    return Path(ref.model_prefix).with_name("model.onnx") if ref.info.get("source") == "onnx" else None
+
+
+def _onnx_batch_sizes(cfg, onnx_file, x) -> dict:
+    """batch_sizes for an imported ONNX model: its activations from ONNX shape inference; calibration at 3x that
+    footprint per sample, as for a PaddleSlim program (PTQ keeps every activation of the batch)."""
+    from pipeline.models.onnx_import import activation_bytes
+
+    sc, per = cfg.server, max(1, activation_bytes(onnx_file, list(x.shape)))
+    fit = lambda wanted, copies=1: max(1, min(int(wanted), int(sc.memory_budget_mb * 2 ** 20 // (copies * per))))
+    return {"gate": fit(64), "perf": fit(sc.perf.batch_size), "quant": fit(sc.quant.batch_size),
+            "calib": fit(sc.quant.batch_size, 3)}
+
+
+def _paddle_rows_skipped(ctx, ref) -> list[Gate]:
+    from pipeline.models.onnx_import import SKIP_ROWS
+
+    return [skipped("server", f"paddle-inference {p}", p, ref.task.primary_metric, SKIP_ROWS["paddle"])
+            for p in ctx.cfg.server.precisions]
+
+
 def _row(ctx, task, name, engine, x, ref_out, labels, ref_metric, tol, requested, batches=None) -> Gate:
     from pipeline.engines.base import ShapeRouted
 
@@ -101,14 +126,16 @@ def run(ctx: StageContext) -> StageResult:
     x, prefix = ref.inputs, ref.model_prefix
     with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
-    ctx.batches = batch_sizes(cfg, prefix, x)
+    onnx_model = _imported_onnx(ref)
+    ctx.batches = batch_sizes(cfg, prefix, x) if onnx_model is None else _onnx_batch_sizes(cfg, onnx_model, x)
     log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
     device, threads = _device(cfg), _threads(cfg)
     info_out: dict = {"device": device, "threads": threads, "batch_sizes": ctx.batches}
     tuning: dict = {}
     served: dict = {}       # engine kind -> tuned fp32 engine, candidates for serving
 
-    gates = _paddle_rows(ctx, ref, calib, device, threads, info_out, tuning, served)
+    gates = _paddle_rows(ctx, ref, calib, device, threads, info_out, tuning, served) if onnx_model is None \
+        else _paddle_rows_skipped(ctx, ref)
     if device == "cpu":
         gates += _onnx_rows(ctx, ref, calib, served, tuning)
     gates = [apply_role(g, role_of(sc.roles, g.subject)) for g in gates]     # before serving: EXCLUDED is never served
@@ -124,7 +151,7 @@ def run(ctx: StageContext) -> StageResult:
     if engine is not None:
         engine.close()
 
-    _write_perf(ctx, gates, prefix, threads, info_out)
+    _write_perf(ctx, gates, prefix, threads, info_out, onnx_model, list(x.shape))
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics={g.subject: g.value for g in gates}, info=info_out)
 
@@ -228,12 +255,14 @@ def _fp16_row(ctx, ref, device: str, common: dict, info_out: dict, args: tuple) 
     return _row(ctx, task, "fp16", eng, *args, "fp16", batches=emu_batches)
 
 
-def _write_perf(ctx, gates: list[Gate], prefix, threads: int, info_out: dict) -> None:
+def _write_perf(ctx, gates: list[Gate], prefix, threads: int, info_out: dict, onnx_model=None,
+                shape=None) -> None:
     """Achieved GFLOP/s per row against the measured matmul peak, then perf.json."""
     from pipeline.engines import perf
+    from pipeline.models.onnx_import import macs as onnx_macs
 
     peak = perf.matmul_peak_gflops(threads=threads)
-    macs = perf.program_macs(prefix, batch=1)
+    macs = perf.program_macs(prefix, batch=1) if onnx_model is None else onnx_macs(onnx_model, shape)
     for g in gates:
         sps = g.extra.get("throughput_sps")
         if sps:
@@ -272,8 +301,10 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
     if not kinds:
         return []
     args = (ref.inputs, ref.outputs, ref.labels, ref.metric)
+    imported_onnx = _imported_onnx(ref)
     try:
-        onnx_file, why = export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset), ""
+        onnx_file, why = (export_onnx(ref.model_prefix, ctx.out_dir / "onnx" / "model.onnx", opset=sc.onnx.opset)
+                          if imported_onnx is None else _copy_onnx(imported_onnx, ctx.out_dir / "onnx")), ""
     except PipelineError as exc:    # not a row's failure: every ONNX row's reason; the config says FAIL or SKIPPED
         onnx_file, why = None, f"ONNX export failed: {exc.one_line()}"
     if onnx_file is None:
@@ -295,7 +326,8 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
-                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, ref.model_prefix),
+                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args,
+                                                        None if imported_onnx else ref.model_prefix),
                                  evidence_dir))
         if kind == "openvino" and "bf16" in sc.precisions:
             log.info("[server] %s bf16 row", kind)
@@ -306,6 +338,14 @@ def _onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
     for g in gates:
         g.extra["onnx_opset"] = opset
     return gates
+
+
+def _copy_onnx(src, out_dir):
+    """model.source=onnx: the imported file, as it is, where the bundle takes the ORT/OpenVINO model from."""
+    import shutil
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return shutil.copy2(src, out_dir / "model.onnx")
 
 
 def _tuned_row(ctx, task, kind, onnx_file, args, served, tuning) -> Gate:
@@ -323,7 +363,8 @@ def _onnx_int8_row(ctx, task, kind, onnx_file, calib, args, prefix) -> Gate:
     x, ref_out, labels, ref_metric = args
     q, threads, t0 = ctx.cfg.server.quant, _threads(ctx.cfg), time.perf_counter()
     # the layers server.quant.op_types/skip leave fp32 stay fp32 here too (None: the defaults, every layer)
-    weights = quant.weights_to_quantize(prefix, q.op_types, q.skip)
+    # an imported ONNX model (prefix None) has no Paddle program to name layers by: every node the engine quantizes
+    weights = quant.weights_to_quantize(prefix, q.op_types, q.skip) if prefix else None
     if kind == "onnxruntime":
         model = ctx.out_dir / "onnx" / "model_int8.onnx"
         qinfo = ort.quantize_int8(onnx_file, model, calib, batch_size=ctx.batches["calib"], batch_nums=q.batch_nums,

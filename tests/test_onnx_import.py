@@ -1,0 +1,128 @@
+"""model.source=onnx (pipeline/models/onnx_import.py): an ONNX file imported as it is, its reference ONNX Runtime
+fp32 (basic graph optimizations), the ORT/OpenVINO rows gated against it, Paddle and Lite rows SKIPPED."""
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError
+from pipeline.models import onnx_import
+
+from clirun import pipeline_cli
+
+CLASSES = 10
+
+
+def _tiny_onnx(path, channels=1, size=16, classes=CLASSES):
+    """Conv(3x3, 4 filters, pad 1) -> ReLU -> global average pool -> Gemm: [N, C, 16, 16] -> [N, classes]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, channels, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "b"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (classes, 4)).astype(np.float32), "fc_w"),
+             numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                           ["N", channels, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8          # what ONNX Runtime 1.23 loads (onnx writes its newest by default)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("onnx") / "model"
+    folder.mkdir()
+    return _tiny_onnx(folder / "tiny.onnx")
+
+
+def test_resolve_takes_the_file_or_its_folder(tiny):
+    assert onnx_import.resolve(tiny) == tiny
+    assert onnx_import.resolve(tiny.parent) == tiny
+
+
+def test_resolve_refuses_ambiguous_folders_and_other_files(tmp_path, tiny):
+    with pytest.raises(ConfigError, match="holds 0 .onnx files"):
+        onnx_import.resolve(tmp_path)
+    (tmp_path / "model.pdmodel").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="is not an .onnx file"):
+        onnx_import.resolve(tmp_path / "model.pdmodel")
+    with pytest.raises(ConfigError, match="over model.max_file_bytes"):
+        onnx_import.resolve(tiny, max_bytes=10)
+
+
+def test_a_foreign_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all" * 10)
+    with pytest.raises(ConfigError) as e:
+        onnx_import.signature(bad)
+    assert "is not a valid ONNX model" in e.value.message and "\n" not in e.value.message
+
+
+def test_signature_and_input_check(tiny):
+    sig = onnx_import.signature(tiny)
+    assert sig["input"] == "x" and sig["input_shape"] == [-1, 1, 16, 16] and sig["opset"] == 13
+    assert onnx_import.check_input(tiny, {"channels": 1, "height": 16, "width": 16}, "classification")
+    with pytest.raises(ConfigError) as e:
+        onnx_import.check_input(tiny, {"channels": 3, "height": 16, "width": 16}, "classification")
+    assert "has channels 1; data.channels is 3" in e.value.message and e.value.hint == "set data.channels: 1"
+
+
+def test_reference_is_ort_basic_and_matches_numpy(tiny):
+    import onnx
+    from onnx import numpy_helper
+
+    w = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tiny)).graph.initializer}
+    x = np.random.default_rng(1).normal(size=(5, 1, 16, 16)).astype(np.float32)
+    out = onnx_import.reference_outputs(tiny, x, batch=2)
+    # the same graph in numpy: 3x3 conv with zero padding, ReLU, mean, dense
+    pad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (3, 3), axis=(2, 3))       # [N, 1, 16, 16, 3, 3]
+    conv = np.einsum("nchwij,kcij->nkhw", win, w["w"]) + w["b"][None, :, None, None]
+    want = np.maximum(conv, 0).mean(axis=(2, 3)) @ w["fc_w"].T + w["fc_b"]
+    assert out.shape == (5, CLASSES)
+    assert np.abs(out - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    sess = onnx_import.reference_session(tiny)
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_macs_and_activation_bytes_count_the_graph(tiny):
+    assert onnx_import.macs(tiny, [-1, 1, 16, 16]) == 16 * 16 * 4 * 9 + CLASSES * 4
+    # x: 1x16x16; c, r: 4x16x16 each; p, f: 4; y: 10 (fp32, one sample)
+    assert onnx_import.activation_bytes(tiny, [-1, 1, 16, 16]) == 4 * (256 + 2 * 1024 + 4 + 4 + CLASSES)
+
+
+def test_source_onnx_needs_a_path():
+    with pytest.raises(ConfigError, match="model.path is empty"):
+        load_config(overrides=["model.source=onnx"])
+
+
+@pytest.mark.slow
+def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, tmp_path):
+    """train (import) -> export -> server -> lite on a classifier given as ONNX: the ORT/OpenVINO fp32 rows pass
+    their gates against ONNX Runtime's reference; every Paddle Inference and Lite row is SKIPPED with the reason."""
+    common = ["-o", "task=classification", "-o", "model.source=onnx", "-o", f"model.path={tiny}",
+              "-o", "data.height=16", "-o", "data.width=16", "-o", "data.num_train=64", "-o", "data.num_val=32",
+              "-o", "train.nproc=1", "-o", "train.min_metric=0", "-o", "server.precisions=[fp32]",
+              "-o", "server.http.enable=false", "-o", f"run.root={tmp_path}/runs", "-o", "run.quiet=true"]
+    res = pipeline_cli("run", "train", "export", "server", "lite", *common, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    man = {s: json.loads((tmp_path / f"runs/default/{s}/manifest.json").read_text())
+           for s in ("train", "export", "server", "lite")}
+    assert man["train"]["info"]["imported"]["reference"]["graph_optimization"] == "basic"
+    assert man["export"]["gates"][0]["status"] == "OK"
+    rows = {g["subject"]: g for g in man["server"]["gates"]}
+    assert rows["paddle-inference fp32"]["status"] == "SKIPPED" and "x2paddle" in rows["paddle-inference fp32"]["reason"]
+    assert rows["onnxruntime fp32"]["status"] == "OK"
+    assert rows["openvino fp32"]["status"] in ("OK", "SKIPPED")      # SKIPPED only where OpenVINO is not installed
+    assert (tmp_path / "runs/default/server/onnx/model.onnx").read_bytes() == tiny.read_bytes()
+    assert all(g["status"] == "SKIPPED" for g in man["lite"]["gates"]) and man["lite"]["gates"]
