@@ -20,7 +20,7 @@ from pipeline import ocr
 from pipeline.core.artifacts import write_json
 from pipeline.core.errors import PipelineError
 from pipeline.core.capabilities import host_arch
-from pipeline.core.gates import FAIL, OK, Gate, evaluate_tol, run_row, skipped, unverified
+from pipeline.core.gates import FAIL, OK, Check, Gate, evaluate_tol, run_row, skipped, unverified
 from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.tasks.reference import load_reference
 
@@ -111,6 +111,16 @@ def _onnx_skipped(ctx, ref) -> StageResult:
     lc, metric = ctx.cfg.lite, ref.task.primary_metric
     rows = [("arm", p) for p in lc.arm] + ([("x86", "fp32")] if lc.verify_x86 else [])
     gates = [skipped("lite", f"lite {t} {p}", p, metric, SKIP_ROWS["lite"]) for t, p in rows]
+    # what the skips rest on, checked: the export holds the ONNX file and no Paddle program opt could convert
+    exp = ctx.input("export")
+    programs = sum((exp / f).is_file() for f in ("inference.pdmodel", "inference.pdiparams"))
+    ok = programs == 0 and (exp / "model.onnx").is_file()
+    gates.append(Gate("lite", "nothing to convert: the export is an ONNX model", "fp32", "none", metric,
+                      status=OK if ok else FAIL, reason="" if ok else "model.source=onnx but the export holds a "
+                      "Paddle program or no model.onnx: re-run `make export`",
+                      checks=[Check("Paddle program files in the export", float(programs), 0.0, "<=", programs == 0),
+                              Check("export model.onnx present", float((exp / "model.onnx").is_file()), 1.0, ">=",
+                                    (exp / "model.onnx").is_file())]))
     write_json(ctx.out_dir / "lite.json", {"ops": [], "files": {}, "restored_for_lite": [],
                                            "skipped": SKIP_ROWS["lite"]})
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},

@@ -365,14 +365,19 @@ def import_model(ctx) -> StageResult:
     from pipeline.engines.paddle_infer import reference_outputs
 
     cfg = ctx.cfg
-    task = get_task(cfg.task, cfg.section("detection")["detection"])
+    data_cfg, det_cfg = cfg.section("data")["data"], cfg.section("detection")["detection"]
+    filled = {}
+    if cfg.model.source == "pir":                # the keys the config leaves unset, from the export's inference.yml
+        filled = imported.fill_from_yml(cfg.model.path, {"data": data_cfg, "detection": det_cfg}, cfg.user_keys,
+                                        ctx.out_dir)
+        for k, v in filled.items():
+            log.info("[train] %s: %s (from inference.yml; the config does not set it)", k, v)
+    task = get_task(cfg.task, det_cfg)
     seed_everything(cfg.seed)
     paddle.set_device("cpu")
-    data_cfg = cfg.section("data")["data"]
     pir = None
     if cfg.model.source == "pir":                # a Paddle 3 export: translated first, then imported as any program
-        prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir,
-                                             {"data": data_cfg, "detection": cfg.section("detection")["detection"]})
+        prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir, {"data": data_cfg, "detection": det_cfg})
     else:
         prefix = imported.resolve_prefix(cfg.model.path, max_bytes=cfg.model.max_file_bytes)
     ds = task.load_data(data_cfg, cfg.seed)
@@ -393,7 +398,8 @@ def import_model(ctx) -> StageResult:
                                                  forward=lambda x: reference_outputs(prefix, x))
     record = {"path": str(prefix), "sha256": imported.file_hashes(prefix), "input": program_input,
               "output_per_sample": shape[1:], "outputs": getattr(task, "outputs", "logits"),
-              "inference_yml": imported.inference_yml(prefix), **({"pir": pir} if pir else {})}
+              "inference_yml": imported.inference_yml(prefix), **({"pir": pir} if pir else {}),
+              **({"filled_from_yml": filled} if filled else {})}
     write_info(ctx, task, ds, spec, source="inference", imported=record)
     metric = task.primary_metric
     # executed whatever the labels: the program loaded, fit the task's signature and gave finite outputs

@@ -126,3 +126,36 @@ def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, tmp_path):
     assert rows["openvino fp32"]["status"] in ("OK", "SKIPPED")      # SKIPPED only where OpenVINO is not installed
     assert (tmp_path / "runs/default/server/onnx/model.onnx").read_bytes() == tiny.read_bytes()
     assert all(g["status"] == "SKIPPED" for g in man["lite"]["gates"]) and man["lite"]["gates"]
+
+
+# ------------------------------------------------------------------ model.source=pir: the yml fills unset keys
+_DET_YML = """PreProcess:
+  transform_ops:
+  - DecodeImage: {channel_first: false, img_mode: BGR}
+  - DetResizeForTest: {resize_long: 960}
+  - NormalizeImage: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], scale: 1./255., order: hwc}
+PostProcess: {name: DBPostProcess, thresh: 0.3, box_thresh: 0.6, unclip_ratio: 1.5, max_candidates: 1000}
+"""
+
+
+def test_config_records_the_keys_the_user_set(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("task: detection\ndetection:\n  thresh: 0.2\n")
+    cfg = load_config([f], ["data.height=64"])
+    assert {"task", "detection.thresh", "data.height"} <= cfg.user_keys
+    assert "detection.box_thresh" not in cfg.user_keys and "data.width" not in cfg.user_keys
+
+
+def test_yml_fills_only_the_keys_the_user_did_not_set(tmp_path):
+    from pipeline.models import pir_yml
+
+    (tmp_path / "inference.yml").write_text(_DET_YML)
+    sections = {"data": {"height": 32, "width": 32}, "detection": {"thresh": 0.2, "box_thresh": 0.7}}
+    filled = pir_yml.fill(tmp_path, sections, frozenset({"detection.thresh", "data.width"}))
+    det = sections["detection"]
+    assert det["thresh"] == 0.2 and "detection.thresh" not in filled           # the user's value stays
+    assert det["box_thresh"] == 0.6 and det["limit_type"] == "resize_long" and det["limit_side_len"] == 960
+    assert det["mean"] == [0.485, 0.456, 0.406] and filled["detection.unclip_ratio"] == 1.5
+    assert sections["data"] == {"height": 960, "width": 32}                     # pages the rule keeps; width set
+    untouched = {"data": {}, "detection": {"thresh": 0.2}}
+    assert pir_yml.fill(tmp_path, untouched, None) == {} and untouched["detection"] == {"thresh": 0.2}

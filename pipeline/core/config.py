@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from pipeline.core import safe_yaml
 from pipeline.core.errors import ConfigError
@@ -400,6 +400,13 @@ class Config(Section):
     regression: RegressionCfg
     detection: DetectionCfg
     system: SystemCfg
+    # dotted keys the config files and overrides set (not defaults.yaml): an import fills the others from its
+    # model's own description (model.source=pir: inference.yml). None (a config rebuilt from a dump): all set.
+    _user_keys: frozenset | None = PrivateAttr(default=None)
+
+    @property
+    def user_keys(self) -> frozenset | None:
+        return self._user_keys
 
     @property
     def run_dir(self) -> Path:
@@ -633,12 +640,22 @@ def parse_override(item: str) -> dict:
     return node
 
 
+def _dotted(tree: dict, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in tree.items():
+        out |= _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}"}
+    return out
+
+
 def load_config(paths: list[str | Path] | None = None, overrides: list[str] | None = None) -> Config:
     tree = _read_yaml(DEFAULTS)
+    user: set[str] = set()
     for path in paths or []:
-        tree = _merge(tree, _read_yaml(Path(path)), str(path))
+        layer = _read_yaml(Path(path))
+        tree, user = _merge(tree, layer, str(path)), user | _dotted(layer)
     for item in overrides or []:
-        tree = _merge(tree, parse_override(item), f"-o {item}")
+        layer = parse_override(item)
+        tree, user = _merge(tree, layer, f"-o {item}"), user | _dotted(layer)
     try:
         cfg = Config.model_validate(tree)
     except ValidationError as exc:
@@ -650,6 +667,7 @@ def load_config(paths: list[str | Path] | None = None, overrides: list[str] | No
         raise ConfigError(f"config key '{where}': {err['msg']}{got_s}{more}",
                           hint="see configs/defaults.yaml for the allowed values") from None
     confine_paths(cfg)
+    cfg._user_keys = frozenset(user)
     return cfg
 
 

@@ -103,6 +103,25 @@ def translate_pir(path: str | Path, out_dir: Path, sections: dict) -> tuple[Path
     return prefix, record
 
 
+def fill_from_yml(path: str | Path, sections: dict, user_keys, out_dir: Path) -> dict:
+    """model.source=pir: the pre/post-processing keys the user did not set, from the export's inference.yml
+    (pir_yml.fill), the dictionary written as out_dir/charset_from_yml.txt when data.charset is unset
+    -> {dotted key: value filled} (the dictionary as its size)."""
+    from pipeline.models import pir, pir_yml
+
+    folder = pir.resolve_dir(path)
+    if not (folder / "inference.yml").is_file():
+        return {}
+    filled = pir_yml.fill(folder, sections, user_keys)
+    chars = pir_yml.hints(folder).get("dictionary")
+    if chars and user_keys is not None and "data.charset" not in user_keys:
+        f = Path(out_dir) / "charset_from_yml.txt"
+        f.write_text("\n".join(pir_yml.charset_lines(chars)[0]) + "\n", encoding="utf-8")
+        sections["data"]["charset"] = str(f)
+        filled["data.charset"] = f"{f.name} ({len(chars)} characters)"
+    return filled
+
+
 def _dictionary_mismatch(folder: Path, sections: dict) -> list[str]:
     """The configured charset must be the yml's dictionary, class for class (pir_yml.charset_lines' placeholders)."""
     from pipeline.data.labelfile import load_charset

@@ -1,6 +1,8 @@
 """What a PaddleOCR 3 export's `inference.yml` says about its pre- and post-processing, as this pipeline's config
-keys: the import checks the configured pre-processing against it (a mismatch is refused, naming the key and the
-yml's value; post-processing thresholds and the resize rule are the export's defaults, free to tune), and `python -m pipeline.models.pir_yml DIR` prints the keys for a new config.
+keys: the import fills every key the user's config does not set from it (`fill`: a config with model.source: pir,
+model.path and task is enough), checks the configured pre-processing against it (a mismatch is refused, naming the
+key and the yml's value; post-processing thresholds and the resize rule are the export's defaults, free to tune),
+and `python -m pipeline.models.pir_yml DIR` prints the keys.
 
 The recognizer's dictionary (PostProcess.character_dict) becomes a charset file, one class a line. PP-OCRv5's has
 10 entries of two code points (flag emoji such as U+1F1E9 U+1F1EA); the pipeline's charset holds one code point per
@@ -93,6 +95,29 @@ def mismatches(folder: Path, sections: dict) -> list[str]:
         if have is not None and not same:
             bad.append(f"{key}={have!r} but inference.yml says {want!r}")
     return bad
+
+
+def fill(folder: Path, sections: dict, user_keys) -> dict:
+    """Set in `sections` ({'data': {...}, 'detection': {...}}, dicts changed in place) every key the yml implies
+    that the user's config did not set (user_keys: dotted keys; None = treat every key as set, fill nothing)
+    -> {dotted key: value filled}. A detector's validation pages, when unset, get the yml's side length (a
+    multiple of 32: a size its resize rule keeps). The dictionary is the caller's to write (a charset file)."""
+    if user_keys is None:
+        return {}
+    filled = {}
+    for key, value in hints(folder).items():
+        if key == "dictionary" or key in user_keys:
+            continue
+        sec, name = key.split(".", 1)
+        sections.setdefault(sec, {})[name] = value
+        filled[key] = value
+    side = filled.get("detection.limit_side_len")
+    if side:
+        page = max(32, int(side) // 32 * 32)
+        for name in ("height", "width"):
+            if f"data.{name}" not in user_keys:
+                sections["data"][name] = filled[f"data.{name}"] = page
+    return filled
 
 
 if __name__ == "__main__":
