@@ -128,6 +128,9 @@ def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, tmp_path):
     lite = {g["subject"]: g for g in man["lite"]["gates"]}
     assert lite.pop("nothing to convert: the export is an ONNX model")["status"] == "OK"    # what the skips rest on
     assert lite and all(g["status"] == "SKIPPED" and "Paddle Lite opt" in g["reason"] for g in lite.values())
+    res = pipeline_cli("run", "bundle", *common, timeout=300)          # not bundled yet: one line, no traceback
+    assert res.returncode != 0 and "model.source=onnx is not bundled yet" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 # ------------------------------------------------------------------ model.source=pir: the yml fills unset keys
