@@ -4,8 +4,8 @@ For each candidate set (comma-separated op types; "" = the pass's default black 
 program of a run folder is emulated as Paddle Inference's mixed-precision pass runs it with that set added to
 its black list (pipeline/engines/amp_emulation.py) and judged by the run's own server.gates.fp16 (from
 config.resolved.yaml). --split tune (default) chooses on the TUNING split: the run's train/calib.npz (training
-lines, never the validation slice the server stage gates), against fp32's outputs there, without labels (agreement
-and elementwise bounds; no metric). --split val runs the validation slice (what the gate will say; not for choosing).
+lines, never the validation slice the server stage gates), against fp32's outputs there, with the lines' labels
+rebuilt from the run's data set (scripts/tuning_split.py: correct lines lost and metric drop are judged as well). --split val runs the validation slice (what the gate will say; not for choosing).
 One table: verdict, agreement (tie-aware and strict), metric drop, max|diff|, lines/samples that changed, seconds.
 
   .venv/bin/python scripts/fp16_keep_ops.py --run runs/ppocr_v4_rec "" softmax matmul_v2,elementwise_add,softmax
@@ -24,14 +24,7 @@ import pipeline  # noqa: E402,F401  (zlib before paddle)
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-
-def tuning_split(run_dir: Path, n: int, batch: int, threads: int) -> tuple:
-    """(inputs, fp32 outputs) of the first n calibration lines: the split the lists are chosen on."""
-    from pipeline.engines.paddle_infer import InferenceEngine
-
-    with np.load(run_dir / "train" / "calib.npz") as z:
-        x = z["inputs"][:n]
-    return x, InferenceEngine(run_dir / "export" / "inference", threads=threads).run_batched(x, batch)
+import tuning_split  # noqa: E402  (scripts/tuning_split.py)
 
 
 def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int, split=None) -> dict:
@@ -46,18 +39,19 @@ def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int, s
     task, t0 = ref.task, time.perf_counter()
     emu = tmp / ("_".join(keep) or "default") / "model"
     info = make_fp16_emulated(ref.model_prefix, emu, "fp16", keep_fp32_ops=keep)
-    x, ref_out = split if split is not None else (ref.inputs, ref.outputs)
+    x, ref_out, labels = split if split is not None else (ref.inputs, ref.outputs, ref.labels)
     out = InferenceEngine(emu, "fp16", threads=threads).run_batched(x, batch)
-    value = task.metrics(out, ref.labels)[task.primary_metric] if split is None else None
+    metric = (lambda o: task.metrics(o, labels)[task.primary_metric]) if labels is not None else (lambda o: None)
+    value, ref_value = metric(out), metric(ref_out)
     gate = evaluate_tol(Gate("server", "fp16 try", "fp16", "fp16-emulated", task.primary_metric,
-                             reference=ref.metric if split is None else None),
-                        out, ref_out, tol, value, task, key="server.gates.fp16",
-                        labels=ref.labels if split is None else None)
+                             reference=ref_value), out, ref_out, tol, value, task, key="server.gates.fp16",
+                        labels=labels)
     name, share, strict = task.agreement(out, ref_out, None)
     changed = int(round((1 - strict) * len(out)))
     return {"keep": ",".join(keep) or "(default black list)", "status": gate.status, "agreement": share,
             "strict": strict, "changed": changed, "n": len(out),
-            "drop": ref.metric - value if value is not None else float("nan"),
+            "drop": ref_value - value if value is not None else float("nan"),
+            "lost": "%d/%d" % task.correct_lost(out, ref_out, labels) if labels is not None else "-",
             "max_abs": float(np.abs(out.astype(np.float64) - ref_out).max()),
             "casts": info["casts_inserted"], "absent": info["fp32_ops_user_absent"],
             "seconds": round(time.perf_counter() - t0, 1), "reason": gate.reason}
@@ -69,21 +63,21 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--split", choices=("tune", "val"), default="tune")
-    p.add_argument("--lines", type=int, default=128, help="tuning lines (--split tune)")
+    p.add_argument("--lines", type=int, default=256, help="tuning lines (--split tune; calib.npz holds num_train)")
     p.add_argument("sets", nargs="+", help='op-type sets, comma-separated ("" = none added)')
     args = p.parse_args()
     run_dir = Path(args.run)
-    print("| op types kept fp32 (added) | verdict | text agreement (strict) | lines changed | seq_acc drop "
-          "| max abs diff | casts | s |")
-    print("|---|---|---|---|---|---|---|---|")
-    split = tuning_split(run_dir, args.lines, args.batch, args.threads) if args.split == "tune" else None
+    print("| op types kept fp32 (added) | verdict | text agreement (strict) | lines changed | correct lost "
+          "| seq_acc drop | max abs diff | casts | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    split = tuning_split.load(run_dir, args.lines, args.batch, args.threads) if args.split == "tune" else None
     with tempfile.TemporaryDirectory(prefix="fp16keep-") as tmp:
         for s in args.sets:
             keep = [k.strip() for k in s.split(",") if k.strip()]
             r = judge(run_dir, keep, Path(tmp), args.batch, args.threads, split)
             absent = f" (not in program: {','.join(r['absent'])})" if r["absent"] else ""
             print(f"| {r['keep']}{absent} | {r['status']} | {r['agreement']:.4f} ({r['strict']:.4f}) | "
-                  f"{r['changed']}/{r['n']} | {r['drop']:+.4f} | {r['max_abs']:.3g} | {r['casts']} | {r['seconds']} |",
+                  f"{r['changed']}/{r['n']} | {r['lost']} | {r['drop']:+.4f} | {r['max_abs']:.3g} | {r['casts']} | {r['seconds']} |",
                   flush=True)
     return 0
 
