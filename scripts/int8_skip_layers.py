@@ -44,7 +44,7 @@ def judge(task, tol, prefix: str, x, ref_out, labels, batch: int, threads: int) 
 def main() -> int:
     from pipeline.core.config import load_config
     from pipeline.engines import quant
-    from pipeline.tasks import get_task
+    from pipeline.tasks.reference import load_reference
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run folder with train/, export/ and config.resolved.yaml")
@@ -57,7 +57,7 @@ def main() -> int:
     run_dir = Path(args.run)
     cfg = load_config([run_dir / "config.resolved.yaml"])
     q, tol = cfg.server.quant, cfg.server.gates["int8"]
-    task = get_task(cfg.task, cfg.section("detection")["detection"])
+    task = load_reference(run_dir / "export").task      # knows its outputs are probabilities, as the stage's
     x, ref_out, labels = tuning_split.load(run_dir, args.lines, args.batch, args.threads)
     if labels is None:
         raise SystemExit("int8_skip_layers: no labels for the tuning lines; cannot judge lines lost")
@@ -78,15 +78,15 @@ def main() -> int:
               ", ".join(f"{r['layer']} +{r['added_error']:.3f}" for r in ranked[:8]), flush=True)
         print(f"tuning lines {len(x)}, calibration batch {cb} x {q.batch_nums}; fp32 {task.primary_metric} "
               f"{task.metrics(ref_out, labels)[task.primary_metric]:.4f}")
-        print("| k | skipped (besides the base) | verdict | correct lost | drop | text agreement | s |")
-        print("|---|---|---|---|---|---|---|")
+        print("| k | skipped (besides the base) | verdict | correct lost | drop | text agreement | s | why |")
+        print("|---|---|---|---|---|---|---|---|")
         for k in args.k:
             t0 = time.perf_counter()
             top = [r["layer"] for r in ranked[:k]]
             qp = base_q if k == 0 else ptq(Path(tmp) / f"k{k}", sorted(set(args.base) | set(top)))
             r = judge(task, tol, qp, x, ref_out, labels, args.batch, args.threads)
             print(f"| {k} | {','.join(top) or '-'} | {r['status']} | {r['lost']} | {r['drop']:+.4f} | "
-                  f"{r['agreement']:.4f} | {time.perf_counter() - t0:.0f} |", flush=True)
+                  f"{r['agreement']:.4f} | {time.perf_counter() - t0:.0f} | {r['reason'] or '-'} |", flush=True)
     return 0
 
 
