@@ -64,7 +64,7 @@ def _assert_int8_row(int8: dict) -> None:
 
 
 def _assert_bf16_row(bf16: dict) -> None:
-    if not caps.has_bf16():
+    if not caps.bf16_cpu_status()[0]:       # no bf16 CPU, or ONEDNN_MAX_CPU_ISA caps oneDNN below it
         assert bf16["status"] == "SKIPPED" and "bf16" in bf16["reason"]
         return
     assert bf16["status"] == "OK", bf16

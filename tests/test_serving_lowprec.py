@@ -49,7 +49,7 @@ def test_record_explains_the_choice_either_way(smoke_chain):
         assert serving["why"].startswith("fastest within budget")
     assert cands["paddle-inference fp16"]["verdict"] == ("emulated" if not caps.gpu()["gpu"] else cands[
         "paddle-inference fp16"]["verdict"])
-    if not caps.has_bf16():
+    if not caps.bf16_cpu_status()[0]:
         assert cands["openvino bf16"]["verdict"] == cands["paddle-inference bf16"]["verdict"] == "skipped"
 
 

@@ -117,12 +117,14 @@ def rebuild(run_dir: Path, gate: dict, settings: dict, scratch: Path):
 
 
 def comparable_rows(base_dir: Path, cur_dir: Path) -> list[tuple[str, dict, dict]]:
-    """Server rows with latency that both runs measured (engine rows; the HTTP row would need two servers)."""
+    """Server rows with latency that both runs measured and that can be served (engine rows)."""
     base, cur = _server_rows(base_dir), _server_rows(cur_dir)
     out = []
     for subject, c in cur.items():
         b = base.get(subject)
+        # not the HTTP row (it would need two servers) nor an emulated preview (never served; its model is scratch)
         if (b and b["status"] != "SKIPPED" and c["status"] != "SKIPPED" and not subject.startswith("http ")
+                and not subject.endswith("-emulated")
                 and (b.get("extra") or {}).get("latency_ms") and (c.get("extra") or {}).get("latency_ms")):
             out.append((subject, b, c))
     return out
