@@ -17,7 +17,8 @@ import numpy as np
 from pipeline.bundle import layout
 
 FP32_REF = ("paddle-inference", "fp32")     # the fp32 chain every row is judged and timed against
-MAX_LOW = 3             # low-precision rows per part (the bundle's fastest passing ones), besides its fp32 rows
+MAX_LOW = 5             # low-precision rows per part (each engine's fastest passing one first), besides fp32 rows
+NOT_FASTER = "not faster"   # a row that passed gates and budget but not min_speedup on the part's own inputs
 TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
 ROUNDS = 2
 MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
@@ -26,17 +27,20 @@ MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target
 def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
                     max_low: int = MAX_LOW) -> list[tuple[str, str]]:
     """(engine, precision) rows of one part that may compete: the fp32 chain's row, the part's recommendation as
-    this CPU runs it, every fp32 row and the `max_low` fastest low-precision rows that passed in its bundle
-    (verdict chosen/slower: gates, budget, min_speedup), whose kernels this CPU runs and whose model is bundled."""
+    this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
+    its bundle (verdict chosen / slower / not faster: "not faster" was timed on the part's fixed-shape inputs, and
+    is timed again here), each engine's fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags
     from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
 
     here = cpu_flags() if here is None else here
     built = built_flags(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
-            if c.get("verdict") in PASSED and kernel_refusal(c["precision"], built, here) is None
+            if c.get("verdict") in PASSED + (NOT_FASTER,) and kernel_refusal(c["precision"], built, here) is None
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"]))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
+    firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest
+    low = sorted(firsts, key=low.index) + [c for c in low if c not in firsts]
     ch = runnable_choice(sub, infer_cfg, here)
     pairs = [FP32_REF, (ch["engine"], ch["precision"])] + [(c["engine"], "fp32") for c in rows
                                                            if c["precision"] == "fp32"]
