@@ -82,8 +82,8 @@ def run(ctx: StageContext) -> StageResult:
     info = json.loads((export_dir / "info.json").read_text())
     if info.get("source") == "onnx":    # verify/serve/system take the bundle's Paddle fp32 program as its reference
         raise ConfigError("bundle: model.source=onnx is not bundled yet: a bundle's reference is its Paddle fp32 "
-                          "program (server/fp32), which an ONNX import has none of",
-                          hint="its rows are in the server stage's report and runs/<name>/server/onnx/model.onnx "
+                          f"program ({bundle_layout.FP32_PREFIX}), which an ONNX import has none of",
+                          hint=f"its rows are in the server stage's report and its model in {server_dir} "
                                "(docs/pir_import.md)")
     version, name, root, sign_key = _destination(cfg)
     published = root / name
