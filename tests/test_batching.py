@@ -61,8 +61,10 @@ def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(tiny_model
     assert app.state.runner.coalescer.stats["largest"] > 1
     for a, b in zip(alone, together):
         assert a.status_code == b.status_code == 200
-        assert a.json()["predictions"] == b.json()["predictions"]
-        # a sample's row of a batch-k oneDNN call is the same math as the batch-1 call, up to summation order
+        pa, pb = a.json()["predictions"], b.json()["predictions"]
+        assert [p["label"] for p in pa] == [p["label"] for p in pb]
+        # a sample's row of a batch-k oneDNN call is the same math as the batch-1 call, up to summation order (the
+        # scores too: oneDNN's SSE4.1 kernels differ in the 7th digit between batch sizes)
         np.testing.assert_allclose(b.json()["outputs"], a.json()["outputs"], rtol=0, atol=1e-5)
 
 

@@ -125,6 +125,13 @@ def isa_cap_without_bf16() -> str | None:
     return cap if cap and not cap.startswith(_BF16_ISAS) else None
 
 
+def onednn_below_avx2() -> bool:
+    """oneDNN runs under AVX2 here (a CPU without it, or ONEDNN_MAX_CPU_ISA=SSE41/AVX): its bf16 reorders then cannot
+    be built ("could not construct a memory descriptor using strides"), so a bf16-rounding program runs without it."""
+    cap = os.environ.get(ISA_ENV, "").strip().upper()
+    return "avx2" not in cpu_flags() or cap in ("SSE41", "AVX")
+
+
 def bf16_cpu_status() -> tuple[bool, str]:
     """(True, why) when the CPU reports native bf16 and Paddle's oneDNN can use it.
 

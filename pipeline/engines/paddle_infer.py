@@ -220,8 +220,12 @@ class InferenceEngine(Engine):
         quant = any("quantize" in op.type for op in desc.blocks[0].ops)
         fp16_emulated = any(_FP16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars)
         if any(_BF16_EMU_SUFFIX in v.name for v in desc.blocks[0].vars):
-            if mkldnn:
+            if mkldnn and not capabilities.onednn_below_avx2():
                 cfg.enable_mkldnn()
+            elif mkldnn:              # a preview runs on every CPU: Paddle's own kernels round to bf16 too
+                cfg.disable_mkldnn()
+                self.settings["mkldnn"] = False
+                self.notes.append("oneDNN below AVX2 cannot build bf16 reorders: the bf16 rounding runs on Paddle's kernels")
             self.notes.append("bf16 emulated on CPU: bf16-rounded white-list ops, fp32 math")
             return "bf16-emulated"
         if precision == "int8":

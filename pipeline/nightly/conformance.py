@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
@@ -211,7 +212,7 @@ def render(rows: list[Row], console: Console | None = None) -> None:
                       ("limit", "right"), ("time s", "right")):
         table.add_column(col, justify=just)
     style = {"OK": "green", "FAIL": "bold red", "SKIPPED": "yellow", "UNVERIFIED": "cyan", "NOT RUN": "dim",
-             MARKED: "magenta"}
+             MARKED: "magenta", "EXCLUDED": "magenta"}
     notes: list[str] = []
     last = None
     for r in rows:
@@ -219,13 +220,15 @@ def render(rows: list[Row], console: Console | None = None) -> None:
         if r.note and r.verdict != "OK":
             notes.append(f"[{len(notes) + 1}] {r.arch} {r.row}: {r.note}")
             mark = f" [{len(notes)}]"
-        table.add_row(r.arch if r.arch != last else "", r.row, f"[{style.get(r.verdict, '')}]{r.verdict}[/]{mark}",
+        st = style.get(r.verdict)            # an unknown verdict prints plain: "[]X[/]" is a markup error
+        verdict = f"[{st}]{escape(r.verdict)}[/]{mark}" if st else f"{escape(r.verdict)}{mark}"
+        table.add_row(r.arch if r.arch != last else "", r.row, verdict,
                       r.observed, r.limit, "" if r.seconds is None else f"{r.seconds:.1f}",
                       end_section=False)
         last = r.arch
     console.print(table)
     for n in notes:
-        console.print(n, highlight=False, soft_wrap=True)
+        console.print(n, highlight=False, soft_wrap=True, markup=False)
 
 
 def markdown(rows: list[Row]) -> str:
