@@ -26,6 +26,13 @@ def available(kind: str) -> tuple[bool, str]:
         __import__(mod)
     except ImportError as e:
         return False, f"{mod} is not installed ({e}); pip install -r requirements.txt"
+    from pipeline.core import capabilities
+
+    if kind == "openvino" and capabilities.onednn_below_avx2():
+        # its CPU plugin honours the oneDNN cap, and below AVX2 it cannot compile every node ("MVN node ... bad
+        # combination" on a layer-normed model): a test environment that caps the ISA, not a deployment target
+        return False, (f"OpenVINO's CPU plugin below AVX2 ({capabilities.ISA_ENV}="
+                       f"{os.environ.get(capabilities.ISA_ENV) or 'no AVX2 on this CPU'})")
     return True, "ok"
 
 
