@@ -117,19 +117,23 @@ ISA_ENV = "ONEDNN_MAX_CPU_ISA"
 _BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
 
 
+def _isa_cap() -> str:
+    """ONEDNN_MAX_CPU_ISA as oneDNN reads it (upper case; empty: no cap)."""
+    return os.environ.get(ISA_ENV, "").strip().upper()
+
+
 def isa_cap_without_bf16() -> str | None:
     """The ONEDNN_MAX_CPU_ISA value when it caps oneDNN below bf16 (e.g. AVX2, SSE41), else None. Paddle's oneDNN
     and OpenVINO's CPU plugin both honour it: a bf16 primitive then fails to build ("could not create a primitive
     descriptor") or OpenVINO refuses the bf16 hint, whatever the CPU's flags."""
-    cap = os.environ.get(ISA_ENV, "").strip().upper()
+    cap = _isa_cap()
     return cap if cap and not cap.startswith(_BF16_ISAS) else None
 
 
 def onednn_below_avx2() -> bool:
     """oneDNN runs under AVX2 here (a CPU without it, or ONEDNN_MAX_CPU_ISA=SSE41/AVX): its bf16 reorders then cannot
     be built ("could not construct a memory descriptor using strides"), so a bf16-rounding program runs without it."""
-    cap = os.environ.get(ISA_ENV, "").strip().upper()
-    return "avx2" not in cpu_flags() or cap in ("SSE41", "AVX")
+    return "avx2" not in cpu_flags() or _isa_cap() in ("SSE41", "AVX")
 
 
 def bf16_cpu_status() -> tuple[bool, str]:

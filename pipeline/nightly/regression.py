@@ -148,8 +148,7 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float) ->
         if c is None:
             continue
         if b.get("precision") and c.get("precision") and b["status"] != "SKIPPED":
-            out.append(_served(key, b["precision"], c["precision"]) if key.endswith(" as served")
-                       else _precision(key, b["precision"], c["precision"]))
+            out.append(_precision(key, b["precision"], c["precision"], served=key.endswith(" as served")))
         if _num(b["value"]) and c["value"] is not None:
             drop = b["value"] - c["value"]
             ok = metric_check(b["metric"], c["value"], b["value"], metric_drop).passed   # the gates' own rule
@@ -168,24 +167,19 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float) ->
     return out
 
 
-def _served(key: str, base: str, cur: str) -> Comparison:
-    """The served row is the recommendation's timed choice: a change of its precision is reported, not failed
-    (the row itself must still pass its gate at whatever precision it now serves: the status check above)."""
+def _precision(key: str, base: str, cur: str, served: bool = False) -> Comparison:
+    """Any change of the precision that really ran is a regression (fp16 -> fp32 is slower, int8 -> fp32
+    may mean oneDNN stopped quantizing, fp32 -> bf16 changes the numbers); only the explanation may change.
+    served: the served row is the recommendation's timed choice, so a change of its precision is reported, not
+    failed (the row itself must still pass its gate at whatever precision it now serves: the status check)."""
     from pipeline.engines.evidence import head
 
     same = head(base) == head(cur)
-    note = "" if same else " (the recommendation chose another row; its gate passed at that precision)"
-    return Comparison(f"precision · {key}", "precision", base, cur, "reported", True,
-                      f"{key}: served precision {base} → {cur}{note}")
-
-
-def _precision(key: str, base: str, cur: str) -> Comparison:
-    """Any change of the precision that really ran is a regression (fp16 -> fp32 is slower, int8 -> fp32
-    may mean oneDNN stopped quantizing, fp32 -> bf16 changes the numbers); only the explanation may change."""
-    from pipeline.engines.evidence import head
-
-    ok = head(base) == head(cur)
-    return Comparison(f"precision · {key}", "precision", base, cur, "same effective precision", ok,
+    if served:
+        note = "" if same else " (the recommendation chose another row; its gate passed at that precision)"
+        return Comparison(f"precision · {key}", "precision", base, cur, "reported", True,
+                          f"{key}: served precision {base} → {cur}{note}")
+    return Comparison(f"precision · {key}", "precision", base, cur, "same effective precision", same,
                       f"{key}: effective precision {base} → {cur}")
 
 
