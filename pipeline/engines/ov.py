@@ -210,7 +210,7 @@ def save_f32_ir(onnx_file: str | os.PathLike, out_xml: str | os.PathLike) -> Pat
 
     out = Path(out_xml)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov.Core().read_model(str(onnx_file)), str(out), compress_to_fp16=False)
+    ov.save_model(shared_core().read_model(str(onnx_file)), str(out), compress_to_fp16=False)
     return out
 
 
@@ -271,7 +271,7 @@ def run_ir(xml: str | os.PathLike, x: np.ndarray, hint: str, *, batch: int = 8, 
     """Outputs of an IR compiled with INFERENCE_PRECISION_HINT `hint` (f32 | bf16), in batches."""
     import openvino as ov
 
-    c = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads})
+    c = shared_core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads})
     return np.concatenate([c(np.ascontiguousarray(x[i:i + batch]))[0] for i in range(0, len(x), batch)])
 
 

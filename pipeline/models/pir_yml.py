@@ -22,10 +22,12 @@ PLACEHOLDER_BASE = 0xF0000
 def read(folder: Path) -> dict:
     import yaml
 
+    from pipeline.core import safe_yaml
+
     f = Path(folder) / "inference.yml"
-    try:
-        doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    try:      # the shared reader: regular file, size, UTF-8, alias and depth limits, duplicate keys
+        doc = safe_yaml.read(f, "model file") or {}
+    except yaml.YAMLError as exc:
         raise ConfigError(f"{f} is not readable YAML ({type(exc).__name__})",
                           hint="a PaddleOCR 3 export writes inference.yml beside inference.json") from None
     if not isinstance(doc, dict):
