@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--alias", default="all", help="with --task: the stages this alias runs (all, deploy)")
     st.set_defaults(func=_stages)
     from pipeline import cli_tools  # verify / serve / history / nightly / accept
-    cli_tools.register(sub, _config_args)
+    cli_tools.register(sub, _config_args, _output_args)
     from pipeline.nightly import conformance  # make conformance
     conformance.register(sub)
     return parser

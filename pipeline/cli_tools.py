@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-def register(sub, config_args) -> None:
+def register(sub, config_args, output_args) -> None:
     v = sub.add_parser("verify", help="check a bundle (folder or .tar.gz): signature, hashes, then sample outputs")
     v.add_argument("bundle", type=Path)
     v.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
@@ -39,8 +39,7 @@ def register(sub, config_args) -> None:
 
     n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
     n.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
-    n.add_argument("--quiet", action="store_true", help="only warnings, errors and the final summary on the console")
-    n.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON to PATH, for scripts")
+    output_args(n)
     config_args(n)
     n.set_defaults(func=_nightly)
 

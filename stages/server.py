@@ -55,14 +55,16 @@ def _imported_onnx(ref):
 
 
 def _onnx_batch_sizes(cfg, onnx_file, x) -> dict:
-    """batch_sizes for an imported ONNX model: its activations from ONNX shape inference; calibration at 3x that
-    footprint per sample, as for a PaddleSlim program (PTQ keeps every activation of the batch)."""
+    """batch_sizes for an imported ONNX model: its activations from ONNX shape inference; calibration at PTQ_COPIES x
+    that footprint per sample, as for a PaddleSlim program (PTQ keeps every activation of the batch)."""
+    from pipeline.engines.perf import fit_batch
+    from pipeline.engines.quant import PTQ_COPIES
     from pipeline.models.onnx_import import activation_bytes
 
-    sc, per = cfg.server, max(1, activation_bytes(onnx_file, list(x.shape)))
-    fit = lambda wanted, copies=1: max(1, min(int(wanted), int(sc.memory_budget_mb * 2 ** 20 // (copies * per))))
+    sc, per = cfg.server, activation_bytes(onnx_file, list(x.shape))
+    fit = lambda wanted, copies=1: fit_batch(copies * per, sc.memory_budget_mb, wanted)
     return {"gate": fit(64), "perf": fit(sc.perf.batch_size), "quant": fit(sc.quant.batch_size),
-            "calib": fit(sc.quant.batch_size, 3)}
+            "calib": fit(sc.quant.batch_size, PTQ_COPIES)}
 
 
 def _paddle_rows_skipped(ctx, ref) -> list[Gate]:

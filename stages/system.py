@@ -184,14 +184,9 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
 
 def _part_passed(sub: Path, subject: str) -> bool:
     """Whether a part's bundle records that server row (e.g. "paddle-inference bf16") as passed."""
-    import json
+    from pipeline.core.artifacts import load_manifest
 
-    from pipeline.bundle import layout
-
-    try:
-        gates = json.loads((Path(sub) / layout.MANIFEST).read_text()).get("gates") or []
-    except (OSError, ValueError):
-        return False
+    gates = (load_manifest(sub) or {}).get("gates") or []      # a missing or unreadable manifest: None
     return any(g.get("subject") == subject and g.get("status") == OK for g in gates)
 
 

@@ -84,10 +84,6 @@ def bf16_status() -> tuple[bool, str]:
     return capabilities.bf16_cpu_status()
 
 
-def cpu_has_vnni() -> bool:
-    return capabilities.has_vnni()
-
-
 @contextlib.contextmanager
 def _capture_stderr_fd() -> Iterator[list[str]]:
     """oneDNN int8 passes print '--- quantized N ops' from C++ to fd 2; keep it for notes/errors."""

@@ -167,7 +167,11 @@ def activation_bytes(model_prefix: str | os.PathLike, input_shape: list[int]) ->
     return int(total)
 
 
+def fit_batch(per_sample_bytes: int, budget_mb: int, wanted: int) -> int:
+    """The largest batch <= wanted whose per-sample bytes stay within budget_mb (at least 1)."""
+    return max(1, min(int(wanted), int(budget_mb * 2 ** 20 // max(1, per_sample_bytes))))
+
+
 def batch_for(model_prefix: str | os.PathLike, input_shape: list[int], budget_mb: int, wanted: int) -> int:
     """The largest batch <= wanted whose activations stay within budget_mb (at least 1)."""
-    per = max(1, activation_bytes(model_prefix, input_shape))
-    return max(1, min(int(wanted), int(budget_mb * 2 ** 20 // per)))
+    return fit_batch(activation_bytes(model_prefix, input_shape), budget_mb, wanted)

@@ -114,8 +114,9 @@ def program_footprint_bytes(model_prefix: str | os.PathLike, input_shape: Sequen
 
 def calib_batch(model_prefix: str | os.PathLike, input_shape: Sequence[int], budget_mb: int, wanted: int) -> int:
     """The largest calibration batch <= wanted whose PTQ peak (PTQ_COPIES x footprint) fits budget_mb (>= 1)."""
-    per = max(1, PTQ_COPIES * program_footprint_bytes(model_prefix, input_shape))
-    return max(1, min(int(wanted), int(budget_mb * 2 ** 20 // per)))
+    from pipeline.engines.perf import fit_batch
+
+    return fit_batch(PTQ_COPIES * program_footprint_bytes(model_prefix, input_shape), budget_mb, wanted)
 
 
 class _CalibSet(paddle.io.Dataset):

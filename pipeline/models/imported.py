@@ -7,11 +7,11 @@ reach its `_is_test`, so it keeps running the inference program (BatchNorm stati
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
 from pipeline.core import safe_pickle, safe_yaml, tempdirs
+from pipeline.core.artifacts import sha256_file
 from pipeline.core.errors import ConfigError, IntegrityError
 
 SUFFIXES = (".pdmodel", ".pdiparams")
@@ -54,14 +54,7 @@ def is_inference_model(path: str | Path) -> bool:
 
 
 def file_hashes(prefix: Path) -> dict[str, str]:
-    out = {}
-    for s in SUFFIXES:
-        h = hashlib.sha256()
-        with open(str(prefix) + s, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        out[Path(str(prefix) + s).name] = h.hexdigest()
-    return out
+    return {Path(str(prefix) + s).name: sha256_file(Path(str(prefix) + s)) for s in SUFFIXES}
 
 
 def inference_yml(prefix: Path) -> dict | None:
@@ -98,7 +91,7 @@ def translate_pir(path: str | Path, out_dir: Path, sections: dict) -> tuple[Path
     record = pir.translate(folder, prefix)
     if yml.is_file():
         shutil.copy2(yml, prefix.parent / yml.name)
-    record["sha256"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+    record["sha256"] = {f.name: sha256_file(f)
                         for f in (folder / n for n in (*pir.FILES, "inference.yml")) if f.is_file()}
     return prefix, record
 

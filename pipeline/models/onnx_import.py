@@ -8,13 +8,13 @@ rewrite of it. The served rows (ORT at ORT_ENABLE_ALL, OpenVINO) are then gated 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.artifacts import sha256_file
 from pipeline.core.errors import ConfigError
 
 REFERENCE_SETTINGS = {"engine": "onnxruntime", "provider": "CPUExecutionProvider", "graph_optimization": "basic",
@@ -88,7 +88,7 @@ def check_input(path: Path, spec, task_name: str) -> dict:
 
 
 def file_hashes(path: Path) -> dict:
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {path.name: sha256_file(path)}
 
 
 def reference_session(path: str | os.PathLike):

@@ -94,8 +94,7 @@ def read_page(page: np.ndarray, det, rec, spec: SystemSpec, cls=None, max_boxes:
     """One page as read_pages reads it, but at most max_boxes boxes recognised (0: all): the first ones in the
     flow's order (PaddleOCR's: reading order; built-in: detection order). → (lines, boxes detected)."""
     if spec.paddleocr:
-        pc = page_crops(page, det, spec, cls, max_boxes)
-        return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec), pc.found
+        return _ppocr_page(page, det, rec, spec, cls, max_boxes)
     pages = _gray([page])
     found = _detect_builtin(pages, det, spec, 1)
     n = len(found[0][0])
@@ -237,8 +236,12 @@ def page_lines(pc: PageCrops, texts: list[str], scores: list[float], spec: Syste
 def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> list[dict]:
     """One page through PaddleOCR's flow (see the module docstring); crops are cut from the prepared page
     (as RapidOCR does), boxes reported in the original page's pixels."""
-    pc = page_crops(page, det, spec, cls)
-    return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
+    return _ppocr_page(page, det, rec, spec, cls)[0]
+
+
+def _ppocr_page(page: np.ndarray, det, rec, spec: SystemSpec, cls=None, max_boxes: int = 0) -> tuple[list[dict], int]:
+    pc = page_crops(page, det, spec, cls, max_boxes)
+    return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec), pc.found
 
 
 def read_crops(crops: list[np.ndarray], rec, spec: SystemSpec, cls=None) -> list[str]:
