@@ -91,7 +91,8 @@ def test_precision_change_is_a_regression_but_its_explanation_is_not(tmp_path):
 def _served_run(root: Path, name: str, subject: str, precision: str, status: str = "OK") -> Path:
     run = make_run(root, name)
     man = json.loads((run / "server" / "manifest.json").read_text())
-    man["gates"].append(_gate("server", subject, 0.95, status, precision=precision))
+    served = {"served": True} if "as served" in subject else {}        # what the stages mark on a served row
+    man["gates"].append(_gate("server", subject, 0.95, status, precision=precision, **served))
     (run / "server" / "manifest.json").write_text(json.dumps(man))
     return run
 
@@ -107,6 +108,13 @@ def test_a_changed_served_row_is_reported_but_a_failing_one_is_flagged(tmp_path)
     assert any("served precision bf16 → fp32" in c.message for c in served)
     broken = run_facts(_served_run(tmp_path, "c", "http /predict as served", "fp32", status="FAIL"), STAGES)
     assert [c.kind for c in regressions(compare(now, broken, **LIMITS))] == ["status"]
+    # the OCR system's served set is marked the same way, whatever its subject says
+    sys_a = run_facts(_served_run(tmp_path, "d", "as served (system.engine=auto)", "int8/fp32"), STAGES)
+    sys_b = run_facts(_served_run(tmp_path, "e", "as served (system.engine=auto)", "fp32/fp32"), STAGES)
+    assert not regressions(compare(sys_a, sys_b, **LIMITS))
+    plain_a = run_facts(_served_run(tmp_path, "f", "paddle-inference bf16", "bf16"), STAGES)
+    plain_b = run_facts(_served_run(tmp_path, "g", "paddle-inference bf16", "fp32 (bf16 not applied: x)"), STAGES)
+    assert [c.kind for c in regressions(compare(plain_a, plain_b, **LIMITS))] == ["precision"]   # unmarked: strict
 
 
 def test_unverified_rows_never_count_as_ok(tmp_path):

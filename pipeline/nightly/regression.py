@@ -83,7 +83,8 @@ def run_facts(run_dir: Path, stage_order: list[str]) -> dict:
             lat = g.get("extra", {}).get("latency_ms")
             subject = _SERVED_ROW.sub("http /predict as served", g["subject"])    # runs from before the name
             gates[f"{stage}: {subject}"] = {
-                "stage": stage, "subject": subject, "precision": g.get("precision_effective"),
+                "stage": stage, "subject": subject,
+                "served": bool(g.get("extra", {}).get("served")) or subject != g["subject"], "precision": g.get("precision_effective"),
                 "metric": g.get("metric"), "value": g.get("value"), "status": g["status"],
                 "reason": _why(g), "seconds": g.get("seconds", 0.0),
                 "latency": lat if isinstance(lat, dict) and lat.get("p50") is not None else None,
@@ -148,7 +149,7 @@ def compare(base: dict, cur: dict, *, metric_drop: float, size_growth: float) ->
         if c is None:
             continue
         if b.get("precision") and c.get("precision") and b["status"] != "SKIPPED":
-            out.append(_precision(key, b["precision"], c["precision"], served=key.endswith(" as served")))
+            out.append(_precision(key, b["precision"], c["precision"], served=bool(b.get("served") or c.get("served"))))
         if _num(b["value"]) and c["value"] is not None:
             drop = b["value"] - c["value"]
             ok = metric_check(b["metric"], c["value"], b["value"], metric_drop).passed   # the gates' own rule
