@@ -169,6 +169,27 @@ def test_ab_latency_needs_separated_spreads():
     assert not noisy.regressed(0.25) and clear.regressed(0.25)
 
 
+def test_a_flagged_row_is_timed_again_and_judged_on_the_second_ab():
+    """A burst of load on the new side's calls during the first A/B only (a 2x slower B for its first 45 calls):
+    the confirming re-measurement clears it; a slowdown that lasts is flagged twice and says so."""
+    from pipeline.nightly.ab_latency import measure_confirmed
+
+    calls = {"n": 0}
+
+    def burst(x):
+        calls["n"] += 1
+        _spin(0.6 if calls["n"] <= 45 else 0.3)(x)
+
+    kw = dict(growth=0.25, rounds=9, runs=5, warmup=0, key="server: x")
+    cleared = measure_confirmed(_spin(0.3), burst, np.zeros(1), **kw)
+    assert cleared.first_ratio is not None and cleared.first_ratio > 1.25, cleared.message(0.25)
+    assert not cleared.regressed(0.25) and "not confirmed by this second one" in cleared.message(0.25)
+    lasting = measure_confirmed(_spin(0.3), _spin(0.6), np.zeros(1), **kw)
+    assert lasting.regressed(0.25) and "confirmed by this second one" in lasting.message(0.25)
+    steady = measure_confirmed(_spin(0.3), _spin(0.3), np.zeros(1), **kw)
+    assert steady.first_ratio is None and "first A/B" not in steady.message(0.25)
+
+
 def test_gate_that_stops_passing_or_disappears(tmp_path):
     base = run_facts(make_run(tmp_path, "a"), STAGES)
     now = run_facts(make_run(tmp_path, "b", server_status="FAIL", skip_bundle=True), STAGES)
