@@ -280,3 +280,22 @@ def test_a_rank_that_dies_fails_the_run_and_keeps_the_checkpoint(tmp_path):
     assert after is not None and after["epoch"] >= meta["epoch"] and after["epoch"] < 39
     states, _ = checkpoint.load(ckpt, after["key"])                 # complete and loadable (hashes checked)
     assert "model" in states and load_manifest(run / "train") is None
+
+
+@pytest.mark.parametrize("logs, blamed", [
+    # rank 1 SIGKILLed; the launcher's SIGTERM reached rank 0 before it noticed the lost peer (CI, 2026-12-02)
+    (["step 7\n[SignalInfo: *** SIGTERM (@0x1c87) received by PID 7312 (TID 0x7f8) from PID 7303 ***]", "step 7"], 1),
+    (["gloo::IoException: Connection reset by peer", "step 7"], 1),          # rank 0 lost its peer: a victim
+    (["step 7", "step 7"], 0),                                               # no record either way: the lowest
+    # both stopped by a SIGTERM (e.g. someone stopped the launcher): the one that only lost a peer is not blamed
+    (["*** SIGTERM\ngloo::IoException", "*** SIGTERM"], 1),
+])
+def test_diagnose_blames_the_rank_that_died_not_the_ones_stopped_or_cut_off(tmp_path, logs, blamed):
+    from pipeline.training.distributed import diagnose
+
+    for i, text in enumerate(logs):
+        (tmp_path / f"workerlog.{i}").write_text(text + "\n")
+    layout = SimpleNamespace(node_rank=0, nproc=2, nnodes=1)
+    msg, hint = diagnose(tmp_path, layout, {0: {"status": "RUNNING"}, 1: {"status": "RUNNING"}}, 241)
+    assert f"rank {blamed} " in msg and f"workerlog.{blamed}" in msg, msg
+    assert "checkpoint" in hint

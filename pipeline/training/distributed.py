@@ -33,6 +33,9 @@ STATUS = "status.{}.json"
 # until gloo's timeout (CI, 2026-12-01: rank 0 aborted on gloo::TimeoutException pair_rank = 1 after rank 1 was killed)
 PEER_LOST = ("gloo::IoException", "gloo::TimeoutException", "Connection reset by peer", "Connection closed by peer",
              "Broken pipe")
+# Paddle's signal handler's record of a SIGTERM: the launcher stops the surviving ranks with it once one died,
+# and under load that can land before the survivor notices the lost peer (so no PEER_LOST line): stopped, not a cause
+STOPPED = "*** SIGTERM"
 CRASH = ("terminate called after throwing", "C++ Traceback", "Error Message Summary")
 
 
@@ -168,10 +171,13 @@ def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[st
 
     The launcher names the lowest failed rank, not the first one, so the ranks' own records decide: a rank
     whose status file still says RUNNING died without a word; if its log shows it lost a peer (gloo
-    aborts the process when a peer's socket closes), it is a victim, not the cause."""
+    aborts the process when a peer's socket closes) or that the launcher stopped it (STOPPED), it is a victim,
+    not the cause, unless every silent rank was one."""
     logs = {i: log_dir / f"workerlog.{i}" for i in statuses}
     silent = [i for i, s in statuses.items() if s is None or s["status"] == "RUNNING"]
-    victims = {i for i in silent if any(m in _read(logs[i]) for m in PEER_LOST)}
+    victims = {i for i in silent if any(m in _read(logs[i]) for m in (*PEER_LOST, STOPPED))}
+    if victims and not set(silent) - victims:      # all stopped or cut off: the ones that only lost a peer are victims
+        victims = {i for i in silent if any(m in _read(logs[i]) for m in PEER_LOST)}
     spoke = [i for i, s in statuses.items() if s is not None and s["status"] not in ("RUNNING", "TERMINATED", "PEER_LOST")
              and s.get("error")]
     codes = {int(m[0]): int(m[1]) for m in re.findall(r"Container rank (\d+) status failed cmd .*? code (-?\d+)",
