@@ -265,7 +265,7 @@ def _note_output_kind(task, model, x: np.ndarray) -> None:
     from pipeline.training.loop import predict
 
     if getattr(task, "outputs", None) == "logits":        # detection maps are probabilities by definition
-        from pipeline.tasks.recognition import is_probabilities
+        from pipeline.ocr.text_metrics import is_probabilities
         if is_probabilities(predict(model, x[:4])):
             task.outputs = "probabilities"
             log.info("[train] the model outputs probabilities (softmax): the loss gets log-probabilities, gates "
@@ -441,7 +441,7 @@ def import_onnx(ctx) -> StageResult:
     if hasattr(task, "check_output_shape"):
         task.check_output_shape(list(out.shape), ds.info)
     if getattr(task, "outputs", None) == "logits":
-        from pipeline.tasks.recognition import is_probabilities
+        from pipeline.ocr.text_metrics import is_probabilities
         if is_probabilities(out):
             task.outputs = "probabilities"
     (ctx.out_dir / "imported").mkdir()

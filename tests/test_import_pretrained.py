@@ -9,7 +9,8 @@ from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, NonFiniteError
 from pipeline.models import imported
 from pipeline.data.preprocess import PPOCR_PAD, fit_image, to_tensor
-from pipeline.tasks.recognition import RecognitionTask, charset_of, is_probabilities
+from pipeline.ocr.text_metrics import is_probabilities
+from pipeline.tasks.recognition import RecognitionTask, charset_of
 
 from clirun import ROOT, pipeline_cli
 
@@ -204,6 +205,30 @@ def test_probabilities_are_detected_and_ctc_gets_them_once():
     from pipeline.core.gates import output_kind
     assert output_kind(RecognitionTask({"outputs": "probabilities"})) == "probabilities"
     assert output_kind(RecognitionTask()) == "logits"
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 (nearest even) and back: what a bf16 softmax kernel hands out."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def test_a_bf16_softmax_is_still_probabilities_and_keeps_its_line_scores():
+    """Rows of a bf16 softmax sum to 1 +- a few 1e-3 (oneDNN bf16 on AVX-512: 0.003); taken for logits, they were
+    softmaxed again and every line's score fell under drop_score: the system read nothing (real-ocr, Zen 4)."""
+    from pipeline.ocr.system import _line_scores
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(6, 40, 6625)).astype(np.float32)
+    logits[np.arange(6)[:, None], np.arange(40)[None, :], rng.integers(1, 6625, size=(6, 40))] += 14.0
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    rounded = _bf16(probs)
+    assert np.abs(rounded.astype(np.float64).sum(-1) - 1).max() > 1e-3      # the case that broke
+    assert is_probabilities(rounded) and not is_probabilities(_bf16(logits))
+    np.testing.assert_allclose(_line_scores(rounded), _line_scores(probs), atol=0.01)
+    assert min(_line_scores(rounded)) > 0.5
 
 
 def test_elementwise_failure_with_identical_text_says_so():

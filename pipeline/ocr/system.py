@@ -20,7 +20,7 @@ from PIL import Image
 
 from pipeline.core.errors import NonFiniteError
 from pipeline.data.preprocess import fit_image, to_tensor
-from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices
+from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices, is_probabilities
 from pipeline.ocr import ppocr
 from pipeline.data.crop import crop_quad
 from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
@@ -53,9 +53,11 @@ class SystemSpec:
 
 
 def _probabilities(out: np.ndarray) -> np.ndarray:
-    """Class probabilities [N, T, C]: exported PP-OCR recognisers end in softmax, ours in logits."""
-    if out.min() >= 0 and np.allclose(out.sum(axis=-1), 1.0, atol=1e-3):
-        return out.astype(np.float64)
+    """Class probabilities [N, T, C]: exported PP-OCR recognisers end in softmax (a reduced-precision softmax's rows
+    are renormalised), ours in logits."""
+    if is_probabilities(out):
+        p = out.astype(np.float64)
+        return p / p.sum(axis=-1, keepdims=True)
     z = out.astype(np.float64) - out.max(axis=-1, keepdims=True)
     p = np.exp(z)
     return p / p.sum(axis=-1, keepdims=True)

@@ -15,6 +15,17 @@ from pipeline.core.errors import DataError
 
 BLANK = 0
 PAD = -1
+# How far a softmax row's sum may be from 1 and still count as probabilities: a bf16 softmax (oneDNN's AVX-512 bf16
+# kernels, AMD Zen 4, 2026-12-02) rounds each probability to 8 bits of mantissa and its rows sum to 1 +- 0.003;
+# at 1e-3 they were taken for logits and softmaxed again, and every line's score fell under drop_score.
+PROB_SUM_ATOL = 0.01
+
+
+def is_probabilities(outputs: np.ndarray) -> bool:
+    """PaddleOCR's exported recognizers end in softmax: every row is in [0, 1] and sums to 1 (to PROB_SUM_ATOL)."""
+    o = np.asarray(outputs, dtype=np.float64)
+    return bool(o.size) and o.min() >= 0.0 and o.max() <= 1.0 + PROB_SUM_ATOL and \
+        bool(np.allclose(o.sum(axis=-1), 1.0, rtol=0.0, atol=PROB_SUM_ATOL))
 
 
 def ctc_greedy_decode(logits: np.ndarray, blank: int = BLANK) -> list[list[int]]:

@@ -24,13 +24,6 @@ _SOURCES = ("synthetic", "folder", "pages", "images")
 PROB_FLOOR = 1e-6
 
 
-def is_probabilities(outputs: np.ndarray) -> bool:
-    """PaddleOCR's exported recognizers end in softmax: every row is >= 0 and sums to 1."""
-    o = np.asarray(outputs, dtype=np.float64)
-    return bool(o.size) and o.min() >= 0.0 and o.max() <= 1.0 + 1e-6 and \
-        bool(np.allclose(o.sum(axis=-1), 1.0, atol=1e-3))
-
-
 def log_probs(outputs: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(np.asarray(outputs, dtype=np.float32), PROB_FLOOR))
 
