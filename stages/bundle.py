@@ -17,12 +17,12 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import yaml
 
-from pipeline.bundle import layout as bundle_layout, signing
+from pipeline.bundle import layout as bundle_layout, reference, signing
 from pipeline.core import env
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
 from pipeline.bundle.format import FORMAT_VERSION, publish, write_archive, write_sample_pngs
 from pipeline.core.config import ROOT
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, IntegrityError
 from pipeline.core.gates import OK, Check, Gate
 from pipeline.core.runner import Stage, StageContext, StageResult
 
@@ -32,7 +32,8 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def infer_config(info: dict, export_info: dict, serving: dict | None = None, sample_check: dict | None = None) -> dict:
+def infer_config(info: dict, export_info: dict, serving: dict | None = None, sample_check: dict | None = None,
+                 ref: dict | None = None) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "task": info["task"],
@@ -41,6 +42,8 @@ def infer_config(info: dict, export_info: dict, serving: dict | None = None, sam
         "postprocess": info["postprocess"],
         "primary_metric": info["primary_metric"],
         "models": export_info,
+        # the fp32 engine + model the samples' expected outputs come from (pipeline/bundle/reference.py)
+        "reference": ref or reference.record(info),
         "serving": serving or None,     # recommended engine + measured settings (pipeline/bundle/serving_choice.py)
         "sample_check": sample_check,   # `verify`'s tolerance on the bundled samples (bundle.sample_atol/rtol/prob_atol)
     }
@@ -54,9 +57,14 @@ def write_samples(folder: Path, images: np.ndarray, outputs: np.ndarray, labels:
     return names
 
 
-def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict, serving: dict | None = None) -> str:
+def model_card(name: str, info: dict, gates: list[dict], versions: dict, files: dict, serving: dict | None = None,
+               ref: dict | None = None) -> str:
+    ref = ref or reference.record(info)
+    how = f", {ref['graph_optimization']} graph optimizations" if ref.get("graph_optimization") else ""
     lines = [f"# {name}", "", f"Task: **{info['task']}**, input {info['input_shape'][1:]} (NCHW, float32), "
              f"primary metric **{info['primary_metric']}**.", "",
+             f"Reference: **{ref['engine']} fp32** on `{ref['model']}`{how}: the samples' expected outputs come from "
+             "it and `verify` runs it first" + (f" ({ref['why']})." if ref.get("why") else "."), "",
              "## Gates", "", "OK: executed here and within tolerance. UNVERIFIED: converted, not executed; the row says "
              "what vouches for it. SKIPPED: not produced, with the reason.", "",
              "| stage | checked | precision (effective) | metric | value | verdict |", "|---|---|---|---|---|---|"]
@@ -80,25 +88,21 @@ def run(ctx: StageContext) -> StageResult:
     cfg = ctx.cfg
     export_dir, server_dir, lite_dir = ctx.input("export"), ctx.input("server"), ctx.input("lite")
     info = json.loads((export_dir / "info.json").read_text())
-    if info.get("source") == "onnx":    # verify/serve/system take the bundle's Paddle fp32 program as its reference
-        raise ConfigError("bundle: model.source=onnx is not bundled yet: a bundle's reference is its Paddle fp32 "
-                          f"program ({bundle_layout.FP32_PREFIX}), which an ONNX import has none of",
-                          hint=f"its rows are in the server stage's report and its model in {server_dir} "
-                               "(docs/pir_import.md)")
     version, name, root, sign_key = _destination(cfg)
     published = root / name
     t0 = time.perf_counter()
     b = ctx.out_dir / name
-    models = _copy_models(b, export_dir, server_dir, lite_dir)
+    ref = reference.record(info)        # Paddle Inference on the program, or ONNX Runtime on an imported .onnx
+    models = _copy_models(b, export_dir, server_dir, lite_dir, ref["engine"])
     serving = json.loads((server_dir / "serving.json").read_text()) if (server_dir / "serving.json").is_file() else None
 
-    with np.load(export_dir / "reference.npz") as z:
+    with np.load(export_dir / "reference.npz") as z:       # the reference engine's outputs (export stage)
         k = min(cfg.bundle.samples, len(z["labels"]))
         write_samples(b, z["images"][:k], z["outputs"][:k], z["labels"][:k])
     atomic_write_text(b / bundle_layout.INFER_CONFIG, yaml.safe_dump(infer_config(
         info, models, serving, {"atol": cfg.bundle.sample_atol, "rtol": cfg.bundle.sample_rtol,
-                                "prob_atol": cfg.bundle.sample_prob_atol}), sort_keys=False))
-    files, public_key = _write_manifest(ctx, b, name, version, info, sign_key, serving)
+                                "prob_atol": cfg.bundle.sample_prob_atol}, ref), sort_keys=False))
+    files, public_key = _write_manifest(ctx, b, name, version, info, sign_key, serving, ref)
 
     gate = _self_verify(cfg, b, public_key)
     if cfg.bundle.archive:
@@ -136,18 +140,34 @@ def _mobile_path(nb_name: str) -> str:
     return bundle_layout.mobile_nb(target, precision)
 
 
-def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path) -> dict:
+def _copy_reference(b: Path, export_dir: Path, server_dir: Path, ref_engine: str) -> dict:
+    """The export's fp32 model into the bundle as its reference: the Paddle program, or (model.source=onnx) the
+    imported .onnx, which the server stage ran as it is (the same bytes, or the bundle would pair other rows' files
+    with another reference) -> infer_config's `models` so far."""
+    from pipeline.core.artifacts import sha256_file
+
+    fp32 = bundle_layout.REFERENCE_MODELS[ref_engine]
+    if ref_engine == "paddle-inference":
+        _copy(export_dir / "inference.pdmodel", b / f"{fp32}.pdmodel")
+        _copy(export_dir / "inference.pdiparams", b / f"{fp32}.pdiparams")
+        return {"fp32": fp32}
+    served = server_dir / "onnx" / "model.onnx"
+    if served.is_file() and sha256_file(served) != sha256_file(export_dir / "model.onnx"):
+        raise IntegrityError(f"bundle: {served} is not the export's model.onnx (sha256 differs)",
+                             hint="run the server stage again (FORCE=1 make deploy)")
+    _copy(export_dir / "model.onnx", b / fp32)
+    return {"fp32": fp32, "onnx": fp32}
+
+
+def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path, ref_engine: str) -> dict:
     """Copy every model file into the bundle layout -> infer_config's `models` (name -> bundle path)."""
-    fp32 = bundle_layout.FP32_PREFIX
-    models = {"fp32": fp32}
-    _copy(export_dir / "inference.pdmodel", b / f"{fp32}.pdmodel")
-    _copy(export_dir / "inference.pdiparams", b / f"{fp32}.pdiparams")
+    models = _copy_reference(b, export_dir, server_dir, ref_engine)
     for prec_dir in sorted((server_dir / "models").glob("*")) if (server_dir / "models").is_dir() else []:
         prefix = bundle_layout.server_prefix(prec_dir.name)
         for f in prec_dir.glob("*.pd*"):
             _copy(f, b / PurePosixPath(prefix).parent / f.name)
         models[prec_dir.name] = prefix
-    if (server_dir / "onnx" / "model.onnx").is_file():        # paddle2onnx export, gated in the server stage
+    if "onnx" not in models and (server_dir / "onnx" / "model.onnx").is_file():   # paddle2onnx export, gated there
         _copy(server_dir / "onnx" / "model.onnx", b / bundle_layout.ONNX_MODEL)
         models["onnx"] = bundle_layout.ONNX_MODEL
     for src, dst in bundle_layout.SERVER_STAGE_MODELS.items():   # ORT / OpenVINO int8: servable when recommended
@@ -161,20 +181,22 @@ def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path) ->
     return models
 
 
-def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key: Path | None, serving: dict | None):
+def _write_manifest(ctx, b: Path, name: str, version: str, info: dict, sign_key: Path | None, serving: dict | None,
+                    ref: dict):
     """MODEL_CARD.md, then manifest.json (hashes of everything else), then the signature -> (files, public key)."""
     cfg = ctx.cfg
     gates = [g for stage in STAGE.inputs for g in ctx.input_manifests[stage]["gates"]]      # every upstream gate
     precisions = {s: ctx.input_manifests[s].get("precision", {}) for s in STAGE.inputs}
     versions = env.versions()
     files = describe_files(b)
-    atomic_write_text(b / bundle_layout.MODEL_CARD, model_card(name, info, gates, versions, files, serving))
+    atomic_write_text(b / bundle_layout.MODEL_CARD, model_card(name, info, gates, versions, files, serving, ref))
     files = describe_files(b)
     manifest = {
         "format_version": FORMAT_VERSION, "name": name, "version": version,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "task": info["task"], "files": files, "versions": versions, "git_commit": env.git_commit(),
         "hardware": env.hardware(), "config": cfg.to_dict(), "precisions": precisions, "gates": gates,
+        "reference": ref,           # the fp32 engine + model the samples were written by and verify runs first
         # produced but never executed here: verify cannot check these either, so say what vouches for them
         "unverified": {_mobile_path(g["extra"]["file"]): g["reason"] for g in gates
                        if g["status"] == "UNVERIFIED" and (g.get("extra") or {}).get("file")},
@@ -207,5 +229,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
               make_target="deploy", run=run, code_deps=("pipeline/bundle/format.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py", "pipeline/data/preprocess.py",
-                                                "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
+                                                "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py",
+                                                "pipeline/bundle/reference.py"),
               description="self-describing bundle, verified and published")

@@ -3,7 +3,8 @@
 Inputs are the two parts' published bundles (artifacts of other runs, see pipeline/core/composite.py);
 nothing here imports another stage. On synthetic invoice pages from a seed neither model saw,
 the flow page → boxes → crops → recognition runs per engine row, and each row is gated:
-  paddle-inference fp32 (the reference chain): line accuracy and field accuracy floors;
+  the fp32 reference chain (each part's bundle reference: Paddle Inference fp32, or ONNX Runtime fp32 at basic
+  graph optimizations for a part imported from .onnx; pipeline/bundle/reference.py): line and field accuracy floors;
   int8 / bf16 / fp16 pairs from the bundles, the ONNX Runtime and OpenVINO fp32 pairs, the Lite x86 .nb
   pair, HTTP /ocr: drop vs the fp32 chain.
 Then the bundle is assembled, verifies itself (hashes, both model bundles, the system on its
@@ -93,7 +94,8 @@ def _row(subject, precision, effective, lines, pages, keys, ref=None, ref_lines=
 
 @dataclass
 class _Chain:
-    """The Paddle Inference fp32 chain every other row is gated against, and what it read."""
+    """The fp32 reference chain every other row is gated against (each part on its bundle's reference), and what it
+    read."""
     pages: dict
     keys: dict
     spec: object
@@ -104,6 +106,12 @@ class _Chain:
     evidence: Path | None = None    # where a crashed row's traceback goes (run_row)
     served: dict | None = None      # role → what /ocr serves and why (system.engine auto: chosen on these pages)
     engines: dict = field(default_factory=dict)       # (role, engine, precision, tag) → loaded engine, shared
+    refs: dict = field(default_factory=dict)          # role → (engine, "fp32") of the part's reference row
+
+    def ref_of(self, role: str) -> tuple[str, str]:
+        from pipeline.bundle.system_choice import FP32_REF
+
+        return self.refs.get(role, FP32_REF)
 
 
 def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
@@ -126,19 +134,23 @@ def _pair_row(chain: _Chain, subject: str, prec: str, make, drop: float, batch: 
 
 
 def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Chain]:
+    """Each part on its bundle's fp32 reference; named "paddle-inference fp32" when all are Paddle Inference (as
+    before ONNX imports were bundled), else by each part's engine."""
     from pipeline.ocr.system import read_pages
-    from pipeline.bundle.system import engine_set, paddle_engine
+    from pipeline.bundle.system import engine_set, reference_engine, reference_label, references
 
     sc = ctx.cfg.system
     images = list(pages["images"])
     t0 = time.perf_counter()
-    det, rec, cls = engine_set(lambda r, b: paddle_engine(b / layout.FP32_PREFIX, "fp32", threads), subs)
+    det, rec, cls = engine_set(lambda r, b: reference_engine(b, threads), subs)
     ref_lines = read_pages(images, det, rec, spec, cls=cls)
-    fp32 = _row("paddle-inference fp32", "fp32", "fp32", ref_lines, pages, keys,
+    fp32 = _row(reference_label(subs, all_paddle="paddle-inference fp32"), "fp32", "fp32", ref_lines, pages, keys,
                 floors=(sc.min_line_accuracy, sc.min_field_accuracy))
     fp32.seconds = round(time.perf_counter() - t0, 2)
     fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
-    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence")
+    fp32.extra["reference"] = {r: k for r, (k, _) in references(subs).items()}
+    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence",
+                        refs=references(subs))
 
 
 def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate], _Chain]:
@@ -258,15 +270,14 @@ def _judge_part(ctx, chain: _Chain, role: str, pairs: list, threads: int) -> tup
     """Each candidate row of one part, the other parts on the fp32 chain's rows: its system gate (EXCLUDED, not
     FAIL, when it misses: a candidate that does not serve)."""
     from pipeline.core.gates import apply_role
-    from pipeline.bundle.system_choice import FP32_REF
 
     gates, rows = [], []
     for kind, prec in pairs:
-        if (kind, prec) == FP32_REF:
+        if (kind, prec) == chain.ref_of(role):
             rows.append({"engine": kind, "precision": prec, "passed": True, "lines_kept": 1.0,
                          "detail": "the fp32 chain"})
             continue
-        combo = {r: (kind, prec) if r == role else FP32_REF for r in chain.subs}
+        combo = {r: (kind, prec) if r == role else chain.ref_of(r) for r in chain.subs}
         g = apply_role(_combo_row(ctx, chain, f"choice {role}: {kind} {prec}", combo, threads), "candidate")
         gates.append(g)
         rows.append({"engine": kind, "precision": prec, "passed": g.status == OK,
@@ -278,9 +289,9 @@ def _time_sets(chain: _Chain, combos: dict, threads: int, start: int = 0) -> dic
     """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets); the fp32 chain
     ("fp32 chain") on engines of its own."""
     from pipeline.ocr.system import read_pages
-    from pipeline.bundle.system_choice import FP32_REF, time_sets, varied_pages
+    from pipeline.bundle.system_choice import time_sets, varied_pages
 
-    sets = {"fp32 chain": {r: _engine(chain, r, *FP32_REF, threads, tag="ref") for r in chain.subs}}
+    sets = {"fp32 chain": {r: _engine(chain, r, *chain.ref_of(r), threads, tag="ref") for r in chain.subs}}
     sets.update({k: {r: _engine(chain, r, *c[r], threads) for r in chain.subs} for k, c in combos.items()})
     pages = list(chain.pages["images"])
 
@@ -293,7 +304,7 @@ def _time_sets(chain: _Chain, combos: dict, threads: int, start: int = 0) -> dic
 def _choose(ctx, chain: _Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
     """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
     from pipeline.bundle.format import load_infer_config
-    from pipeline.bundle.system_choice import FP32_REF, choose_part, part_candidates
+    from pipeline.bundle.system_choice import choose_part, part_candidates
 
     free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
     gates, rows = [], {}
@@ -301,19 +312,19 @@ def _choose(ctx, chain: _Chain, served: dict, threads: int) -> tuple[list[Gate],
         sub = chain.subs[r]
         g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, load_infer_config(sub)), threads)
         gates += g
-    combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else FP32_REF
+    combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else chain.ref_of(q)
                                                        for q in chain.subs}
-              for r in free for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != FP32_REF}
+              for r in free for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != chain.ref_of(r)}
     res = _time_sets(chain, combos, threads)
     for r in free:
         for x in rows[r]:
-            t = res.get("fp32 chain" if (x["engine"], x["precision"]) == FP32_REF
+            t = res.get("fp32 chain" if (x["engine"], x["precision"]) == chain.ref_of(r)
                         else f"{r}: {x['engine']} {x['precision']}")
             if t:
                 x.update(part_s=t["parts"][r], chain_s=t["seconds"])
         log.info("[system] %s on the system's pages: %s", r, ", ".join(
             f"{x['engine']} {x['precision']} {x.get('part_s', '-')} s" for x in rows[r]))
-    return gates, {r: choose_part(r, rows[r]) for r in free}
+    return gates, {r: choose_part(r, rows[r], chain.ref_of(r)) for r in free}
 
 
 def _served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> dict:
@@ -430,8 +441,21 @@ def _infer_config(sc, subs: dict, keys: dict, ref: dict, served: dict | None = N
                       {r: {"engine": sc.engine, "precision": "fp32", "by": "system.engine",
                            "why": f"system.engine={sc.engine}: every part's fp32 model on that runtime"} for r in subs},
             "built_on": {"cpu": env.hardware()["cpu"], **describe()},
+            # each part's fp32 reference (the fp32 chain, samples' `lines`): Paddle Inference or, for an ONNX import,
+            # ONNX Runtime at basic graph optimizations (pipeline/bundle/reference.py)
+            "reference": _references(subs),
             "fields": keys, "verify": {"max_disagreement": 0.05},
             "metrics_on_build": {k: ref[k] for k in ("line_accuracy", "field_accuracy")}}
+
+
+def _references(subs: dict) -> dict:
+    from pipeline.bundle.format import load_infer_config
+
+    out = {}
+    for r, b in subs.items():
+        kind, model = layout.reference_of(load_infer_config(b))
+        out[r] = {"engine": kind, "precision": "fp32", "model": f"{r}/{model}"}
+    return out
 
 
 def _served_lines(served: dict) -> list[str]:
@@ -483,7 +507,7 @@ def _write_bundle(ctx, b: Path, name: str, version: str, chain: _Chain, gates: l
         "files": describe_files(b, exclude=()),        # the sub-bundles' manifest.json files are hashed too
         "versions": env.versions(), "git_commit": env.git_commit(), "hardware": env.hardware(),
         "config": ctx.cfg.to_dict(), "gates": [g.to_dict() for g in gates], "part_bundle_gates": part_gates,
-        "served": icfg["served"],
+        "served": icfg["served"], "reference": icfg["reference"],
         "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in chain.subs}})
 
 
@@ -557,6 +581,7 @@ STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",
                          "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py", "pipeline/bundle/system.py",
-                         "pipeline/bundle/recommend.py", "pipeline/bundle/system_choice.py"),
+                         "pipeline/bundle/recommend.py", "pipeline/bundle/system_choice.py",
+                         "pipeline/bundle/reference.py"),
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

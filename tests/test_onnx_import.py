@@ -14,12 +14,12 @@ from clirun import pipeline_cli
 CLASSES = 10
 
 
-def _tiny_onnx(path, channels=1, size=16, classes=CLASSES):
+def _tiny_onnx(path, channels=1, size=16, classes=CLASSES, seed=0):
     """Conv(3x3, 4 filters, pad 1) -> ReLU -> global average pool -> Gemm: [N, C, 16, 16] -> [N, classes]."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, channels, 3, 3)).astype(np.float32), "w"),
              numpy_helper.from_array(np.zeros(4, np.float32), "b"),
              numpy_helper.from_array(rng.normal(0, 0.5, (classes, 4)).astype(np.float32), "fc_w"),
@@ -106,31 +106,126 @@ def test_source_onnx_needs_a_path():
         load_config(overrides=["model.source=onnx"])
 
 
-@pytest.mark.slow
-def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, tmp_path):
-    """train (import) -> export -> server -> lite on a classifier given as ONNX: the ORT/OpenVINO fp32 rows pass
-    their gates against ONNX Runtime's reference; every Paddle Inference and Lite row is SKIPPED with the reason."""
+@pytest.fixture(scope="module")
+def chain(tiny, tmp_path_factory):
+    """train (import) -> export -> server -> lite -> bundle on a classifier given as ONNX, once for this module
+    (~5-10 s: one fp32 precision, no HTTP row, one thread count) -> (run root, published bundle folder)."""
+    root = tmp_path_factory.mktemp("onnx_chain")
     common = ["-o", "task=classification", "-o", "model.source=onnx", "-o", f"model.path={tiny}",
               "-o", "data.height=16", "-o", "data.width=16", "-o", "data.num_train=64", "-o", "data.num_val=32",
               "-o", "train.nproc=1", "-o", "train.min_metric=0", "-o", "server.precisions=[fp32]",
-              "-o", "server.http.enable=false", "-o", f"run.root={tmp_path}/runs", "-o", "run.quiet=true"]
-    res = pipeline_cli("run", "train", "export", "server", "lite", *common, timeout=600)
+              "-o", "server.http.enable=false", "-o", "server.tuning.threads=[1]", "-o", "server.tuning.rounds=1",
+              "-o", "server.perf.repeats=3", "-o", "server.perf.warmup=1", "-o", f"run.root={root}/runs",
+              "-o", f"bundle.root={root}/bundles", "-o", "run.quiet=true"]
+    res = pipeline_cli("run", "train", "export", "server", "lite", "bundle", *common, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    man = {s: json.loads((tmp_path / f"runs/default/{s}/manifest.json").read_text())
-           for s in ("train", "export", "server", "lite")}
+    bundles = [p for p in (root / "bundles").iterdir() if p.is_dir()]
+    assert len(bundles) == 1
+    return root / "runs" / "default", bundles[0]
+
+
+@pytest.mark.slow
+def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, chain):
+    """The ORT/OpenVINO fp32 rows pass their gates against ONNX Runtime's reference; every Paddle Inference and Lite
+    row is SKIPPED with the reason."""
+    run, _ = chain
+    man = {s: json.loads((run / s / "manifest.json").read_text()) for s in ("train", "export", "server", "lite")}
     assert man["train"]["info"]["imported"]["reference"]["graph_optimization"] == "basic"
     assert man["export"]["gates"][0]["status"] == "OK"
     rows = {g["subject"]: g for g in man["server"]["gates"]}
     assert rows["paddle-inference fp32"]["status"] == "SKIPPED" and "x2paddle" in rows["paddle-inference fp32"]["reason"]
     assert rows["onnxruntime fp32"]["status"] == "OK"
     assert rows["openvino fp32"]["status"] in ("OK", "SKIPPED")      # SKIPPED only where OpenVINO is not installed
-    assert (tmp_path / "runs/default/server/onnx/model.onnx").read_bytes() == tiny.read_bytes()
+    assert (run / "server/onnx/model.onnx").read_bytes() == tiny.read_bytes()
     lite = {g["subject"]: g for g in man["lite"]["gates"]}
     assert lite.pop("nothing to convert: the export is an ONNX model")["status"] == "OK"    # what the skips rest on
     assert lite and all(g["status"] == "SKIPPED" and "Paddle Lite opt" in g["reason"] for g in lite.values())
-    res = pipeline_cli("run", "bundle", *common, timeout=300)          # not bundled yet: one line, no traceback
-    assert res.returncode != 0 and "model.source=onnx is not bundled yet" in res.stderr
-    assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------------ the ONNX-only bundle: reference = ONNX Runtime basic
+
+@pytest.mark.slow
+def test_onnx_bundle_names_onnx_runtime_as_its_reference(tiny, chain):
+    from pipeline.bundle import layout
+    from pipeline.bundle.format import load_infer_config
+
+    run, b = chain
+    cfg, man = load_infer_config(b), json.loads((b / layout.MANIFEST).read_text())
+    assert cfg["reference"]["engine"] == "onnxruntime" and cfg["reference"]["graph_optimization"] == "basic"
+    assert man["reference"] == cfg["reference"] and layout.reference_of(cfg) == ("onnxruntime", layout.ONNX_MODEL)
+    assert (b / layout.ONNX_MODEL).read_bytes() == tiny.read_bytes()
+    assert not (b / (layout.FP32_PREFIX + ".pdmodel")).exists()
+    assert "Reference: **onnxruntime fp32**" in (b / layout.MODEL_CARD).read_text()
+    # the samples are the export's reference outputs, which ONNX Runtime (basic) wrote
+    with np.load(b / layout.SAMPLES_EXPECTED) as z, np.load(run / "export/reference.npz") as r:
+        assert np.array_equal(z["outputs"], r["outputs"][:len(z["outputs"])])
+
+
+@pytest.mark.slow
+def test_onnx_bundle_verifies_folder_and_archive(chain):
+    from pipeline.bundle.verify import verify_or_raise
+
+    _, b = chain
+    for path in (b, b.with_name(b.name + ".tar.gz")):
+        report = verify_or_raise(path)
+        names = [c["name"] for c in report["checks"]]
+        assert report["ok"] and "reference onnxruntime fp32 (basic) max_abs_diff on samples" in names, names
+        assert not any(n.startswith("server fp32") for n in names)
+    res = pipeline_cli("verify", b)
+    assert res.returncode == 0 and "verified:" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_onnx_bundle_serves_predict(chain):
+    from fastapi.testclient import TestClient
+
+    from pipeline.bundle import layout
+    from pipeline.serving.app import create_app
+
+    _, b = chain
+    with np.load(b / layout.SAMPLES_EXPECTED) as z:
+        files, expected = [str(f) for f in z["files"]], z["outputs"]
+    with TestClient(create_app(b)) as c:
+        health = c.get("/health").json()
+        assert health["status"] == "ok" and c.app.state.engine.kind in ("onnxruntime", "openvino")
+        for f, want in zip(files[:3], expected):
+            r = c.post("/predict?outputs=1", files={"file": ("x.png", (b / f).read_bytes(), "image/png")})
+            assert r.status_code == 200, r.text
+            got = np.asarray(r.json()["outputs"], np.float32).reshape(want.shape)
+            # fp32 engines on the reference's file: within the bundle's fp32 sample tolerance (its scale)
+            assert np.abs(got - want).max() <= 1e-4 + 1e-5 * np.abs(want).max()
+            assert r.json()["predictions"][0]["index"] == int(want.argmax())
+
+
+@pytest.mark.slow
+def test_onnx_bundle_tampering_is_caught(chain, tmp_path):
+    import shutil
+
+    from pipeline.bundle import layout
+    from pipeline.bundle.format import verify_hashes
+    from pipeline.bundle.verify import verify_bundle, verify_or_raise
+    from pipeline.core.artifacts import sha256_file
+    from pipeline.core.errors import IntegrityError
+
+    _, b = chain
+    flipped = shutil.copytree(b, tmp_path / "flipped")
+    with open(flipped / layout.ONNX_MODEL, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")
+    with pytest.raises(IntegrityError, match=f"modified: {layout.ONNX_MODEL}"):
+        verify_hashes(flipped)
+    # another model of the same shapes, with the manifest rehashed: only running the reference catches it
+    swapped = shutil.copytree(b, tmp_path / "swapped")
+    _tiny_onnx(swapped / layout.ONNX_MODEL, seed=1)
+    man = json.loads((swapped / layout.MANIFEST).read_text())
+    man["files"][layout.ONNX_MODEL] = {"sha256": sha256_file(swapped / layout.ONNX_MODEL),
+                                       "bytes": (swapped / layout.ONNX_MODEL).stat().st_size}
+    (swapped / layout.MANIFEST).write_text(json.dumps(man))
+    report = verify_bundle(swapped)
+    bad = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert not report["ok"] and "reference onnxruntime fp32 (basic) max_abs_diff on samples" in bad, bad
+    with pytest.raises(IntegrityError, match="no longer reproduce"):
+        verify_or_raise(swapped)
 
 
 # ------------------------------------------------------------------ model.source=pir: the yml fills unset keys

@@ -5,7 +5,9 @@ so a path changes in one line. Paths are relative to the bundle folder, POSIX st
 
     server/fp32/inference.pdmodel|.pdiparams   Paddle Inference FP32 (the reference)
     server/<precision>/model.pdmodel|...        low-precision Paddle models (int8 from PaddleSlim, fp16 on GPU)
-    server/onnx/model.onnx                      paddle2onnx export (ONNX Runtime and OpenVINO fp32; OpenVINO bf16)
+    server/onnx/model.onnx                      paddle2onnx export (ONNX Runtime and OpenVINO fp32; OpenVINO bf16);
+                                                model.source=onnx: the imported file, and the reference (no Paddle
+                                                program: ONNX Runtime fp32 at basic graph optimizations)
     server/onnx/model_int8.onnx                 ONNX Runtime static int8 (QDQ)
     server/openvino/model_int8.xml|.bin         OpenVINO int8 (NNCF)
     mobile/<target>_<precision>.nb              Paddle Lite
@@ -28,6 +30,12 @@ MANIFEST = "manifest.json"
 
 ONNX_INT8 = "server/onnx/model_int8.onnx"
 OPENVINO_INT8 = "server/openvino/model_int8.xml"  # + .bin next to it
+
+# the fp32 reference of a model bundle (what its samples' expected outputs come from, `verify` runs first and the OCR
+# system's fp32 chain runs): engine -> its model; infer_config.yaml `reference` names the engine (absent in bundles
+# made before ONNX imports were bundled: Paddle Inference)
+REFERENCE_MODELS = {"paddle-inference": FP32_PREFIX, "onnxruntime": ONNX_MODEL}
+DEFAULT_REFERENCE = "paddle-inference"
 
 # the model file each serving engine loads at fp32 (relative to the bundle folder)
 SERVING_MODELS = {"paddle-inference": FP32_PREFIX, "onnxruntime": ONNX_MODEL, "openvino": ONNX_MODEL}
@@ -71,3 +79,16 @@ def server_prefix(precision: str) -> str:
 
 def mobile_nb(target: str, precision: str) -> str:
     return f"mobile/{target}_{precision}.nb"
+
+
+def reference_of(infer_cfg: dict) -> tuple[str, str]:
+    """(engine, model path) of a model bundle's fp32 reference, from its infer_config's `reference` record; the path
+    comes from REFERENCE_MODELS, never from the file."""
+    from pipeline.core.errors import IntegrityError
+
+    ref = infer_cfg.get("reference") or {}
+    kind = ref.get("engine", DEFAULT_REFERENCE) if isinstance(ref, dict) else None
+    if kind not in REFERENCE_MODELS:
+        raise IntegrityError(f"{INFER_CONFIG}: reference engine {kind!r} is not one a bundle can hold",
+                             hint=f"one of {', '.join(REFERENCE_MODELS)}; rebuild the bundle with `make deploy`")
+    return kind, REFERENCE_MODELS[kind]

@@ -26,10 +26,11 @@ log = logging.getLogger("pipeline.serving.app")
 
 
 def serving_choice(infer_cfg: dict, override: str | None = None, precision: str | None = None) -> tuple[str, str, dict]:
-    """(engine kind, precision, per-profile settings) to serve; bundles without a recommendation get Paddle
-    Inference fp32, bundles made before low-precision serving (no `precision`) their fp32 engine."""
+    """(engine kind, precision, per-profile settings) to serve; bundles without a recommendation get their reference
+    engine at fp32 (Paddle Inference, or ONNX Runtime for an ONNX import), bundles made before low-precision serving
+    (no `precision`) their fp32 engine."""
     rec = infer_cfg.get("serving") or {}
-    kind = override or rec.get("engine") or "paddle-inference"
+    kind = override or rec.get("engine") or bundle_layout.reference_of(infer_cfg)[0]
     if kind not in MODEL_PATHS:
         raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(MODEL_PATHS)}")
     same_engine = kind == rec.get("engine")
@@ -134,7 +135,8 @@ def runnable_choice(folder: Path, infer_cfg: dict, here: frozenset | None = None
     here = cpu_flags() if here is None else here
     rec = infer_cfg.get("serving") or {}
     kind, prec, settings = serving_choice(infer_cfg)
-    why = rec.get("why") or ("no recommendation recorded: Paddle Inference fp32" if not rec else "recommended")
+    why = rec.get("why") or (f"no recommendation recorded: the reference engine, {kind} fp32" if not rec
+                             else "recommended")
     built = built_flags(folder)
     refused = kernel_refusal(prec, built, here)
     if refused is None:
@@ -187,8 +189,10 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
         log.warning("%s%s", f"{label}: " if label else "", chosen["cpu"])
     model = folder / bundle_layout.serving_model(kind, prec)
     if not bundle_layout.model_exists(model):
+        ref_kind, _ = bundle_layout.reference_of(infer_cfg)
         raise MissingArtifact(f"the bundle has no {prec} model for engine {kind}: {model}",
-                              hint="pick another --engine/--precision (paddle-inference fp32 is always bundled)")
+                              hint=f"pick another --engine/--precision ({ref_kind} fp32, its reference, is always "
+                                   "bundled)")
     cores = cpu_count()
     pick = {p: (threads or settings[p]["threads"] or cores) for p in ("batch1", "batchN")}
     opts = {"device": "gpu"} if kind == "paddle-inference" and prec == "fp16" else {}

@@ -1,7 +1,8 @@
 """The OCR system bundle: two verified model bundles plus the system's own config, samples and gates.
 
     <name>/
-      detection/   the detection run's bundle, unchanged (own manifest, infer_config with DB parameters)
+      detection/   the detection run's bundle, unchanged (own manifest, infer_config with DB parameters, its fp32
+                   reference: Paddle Inference, or ONNX Runtime for an imported .onnx)
       recognition/ the recognition run's bundle, unchanged (charset, CTC decoding)
       classifier/  optional: the 0/180 text-direction classifier's bundle
       infer_config.yaml   task: ocr_system, sub-bundle folders, field keys, flow settings, serving engine,
@@ -132,6 +133,31 @@ def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
     return det, rec, cls, spec
 
 
+def reference_engine(sub: Path, threads: int):
+    """A part's fp32 reference engine (pipeline/bundle/reference.py): Paddle Inference on its program, or ONNX Runtime
+    at basic graph optimizations on an imported .onnx."""
+    from pipeline.bundle import reference
+
+    return reference.engine(sub, load_infer_config(sub), threads)
+
+
+def references(subs: dict[str, Path]) -> dict[str, tuple[str, str]]:
+    """role -> (engine, "fp32") of each part's reference."""
+    from pipeline.bundle import reference
+
+    return {r: reference.pair(load_infer_config(b)) for r, b in subs.items()}
+
+
+def reference_label(subs: dict[str, Path], all_paddle: str = "server fp32") -> str:
+    """The fp32 chain's name: `all_paddle` when every part's reference is Paddle Inference (the names used before ONNX
+    imports were bundled), else the engine of each part, e.g. "reference fp32 (detection onnxruntime, recognition
+    onnxruntime, classifier paddle-inference)"."""
+    refs = references(subs)
+    if all(k == layout.DEFAULT_REFERENCE for k, _ in refs.values()):
+        return all_paddle
+    return "reference fp32 (" + ", ".join(f"{r} {k}" for r, (k, _) in refs.items()) + ")"
+
+
 def paddle_engine(prefix: Path, precision: str, threads: int):
     from pipeline.engines.paddle_infer import InferenceEngine
 
@@ -201,7 +227,7 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     threads = threads or cpu_count()
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
     subs = subs_of(folder, cfg)
-    runs = {"server fp32": engine_set(lambda r, b: paddle_engine(b / layout.FP32_PREFIX, "fp32", threads), subs)}
+    runs = {reference_label(subs): engine_set(lambda r, b: reference_engine(b, threads), subs)}
     x86_nb = layout.mobile_nb("x86", "fp32")
     if all((b / x86_nb).is_file() for b in subs.values()):
         runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / x86_nb, lite_shape(b), timeout), subs)

@@ -16,7 +16,9 @@ import numpy as np
 
 from pipeline.bundle import layout
 
-FP32_REF = ("paddle-inference", "fp32")     # the fp32 chain every row is judged and timed against
+# the fp32 chain every row is judged and timed against: each part's reference row (pipeline/bundle/reference.py), this
+# one for a Paddle program's bundle; ONNX Runtime fp32 for an imported .onnx
+FP32_REF = ("paddle-inference", "fp32")
 MAX_LOW = 5             # low-precision rows per part (each engine's fastest passing one first), besides fp32 rows
 NOT_FASTER = "not faster"   # a row that passed gates and budget but not min_speedup on the part's own inputs
 TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
@@ -26,11 +28,13 @@ MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target
 
 def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
                     max_low: int = MAX_LOW) -> list[tuple[str, str]]:
-    """(engine, precision) rows of one part that may compete: the fp32 chain's row, the part's recommendation as
+    """(engine, precision) rows of one part that may compete: the fp32 chain's row (the part's reference), the part's
+    recommendation as
     this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
     its bundle (verdict chosen / slower / not faster: "not faster" was timed on the part's fixed-shape inputs, and
     is timed again here), each engine's fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags
+    from pipeline.bundle import reference
     from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
 
     here = cpu_flags() if here is None else here
@@ -42,7 +46,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest
     low = sorted(firsts, key=low.index) + [c for c in low if c not in firsts]
     ch = runnable_choice(sub, infer_cfg, here)
-    pairs = [FP32_REF, (ch["engine"], ch["precision"])] + [(c["engine"], "fp32") for c in rows
+    pairs = [reference.pair(infer_cfg), (ch["engine"], ch["precision"])] + [(c["engine"], "fp32") for c in rows
                                                            if c["precision"] == "fp32"]
     pairs += [(c["engine"], c["precision"]) for c in low[:max_low]]
     return list(dict.fromkeys(pairs))
@@ -116,11 +120,11 @@ def time_sets(sets: dict, rounds_pages: list[list[np.ndarray]], read, warmup: np
             for k in labels}
 
 
-def choose_part(role: str, rows: list[dict]) -> tuple[dict, list[dict]]:
+def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_REF) -> tuple[dict, list[dict]]:
     """rows: {"engine", "precision", "passed", "detail", "lines_kept", "part_s", "chain_s"} of one part, one of them
-    the fp32 chain's row (FP32_REF). The fastest passing row by the part's own seconds wins. -> (chosen row with
-    its speed ratios, every row with a verdict: chosen | slower | failed gate)."""
-    ref = next(r for r in rows if (r["engine"], r["precision"]) == FP32_REF)
+    the fp32 chain's row (ref_pair: the part's reference). The fastest passing row by the part's own seconds wins.
+    -> (chosen row with its speed ratios, every row with a verdict: chosen | slower | failed gate)."""
+    ref = next(r for r in rows if (r["engine"], r["precision"]) == tuple(ref_pair))
     ok = [r for r in rows if r["passed"] and r.get("part_s")]
     best = min(ok, key=lambda r: r["part_s"])
     fp32 = min((r for r in ok if r["precision"] == "fp32"), key=lambda r: r["part_s"])
@@ -134,13 +138,14 @@ def choose_part(role: str, rows: list[dict]) -> tuple[dict, list[dict]]:
     chosen = {**best, "speedup_vs_fp32": round(ref["part_s"] / best["part_s"], 3),
               "speedup_vs_fastest_fp32": round(fp32["part_s"] / best["part_s"], 3),
               "chain_speedup_vs_fp32": round(ref["chain_s"] / best["chain_s"], 3) if best.get("chain_s") else None,
-              "fastest_fp32": f"{fp32['engine']} fp32"}
+              "fastest_fp32": f"{fp32['engine']} fp32", "reference": " ".join(ref_pair)}
     return chosen, out
 
 
 def why_chosen(role: str, chosen: dict, pages: int, recommended: str) -> str:
     """The one-line reason a part serves its row (infer_config served.<part>.why)."""
-    return (f"fastest on the system's pages: {role} {chosen['speedup_vs_fp32']:.2f}x paddle-inference fp32 "
+    return (f"fastest on the system's pages: {role} {chosen['speedup_vs_fp32']:.2f}x "
+            f"{chosen.get('reference', ' '.join(FP32_REF))} "
             f"({chosen['speedup_vs_fastest_fp32']:.2f}x the fastest fp32, {chosen['fastest_fp32']}; part time "
             f"interleaved on {pages} pages of varied shape), lines kept {chosen['lines_kept']:.3f} vs the fp32 "
             f"chain; the bundle recommended {recommended}")

@@ -56,13 +56,15 @@ def _checks(engine: str, out: np.ndarray, expected: np.ndarray, cfg: dict, tol: 
 
 
 def _engines(folder: Path, cfg: dict, timeout: float, threads: int) -> dict:
-    """Every runnable model in the bundle, behind the one engine interface: name -> Engine factory."""
+    """Every runnable model in the bundle, behind the one engine interface: name -> Engine factory; the fp32
+    reference first (Paddle Inference on the program, or ONNX Runtime at basic optimizations on an imported .onnx)."""
+    from pipeline.bundle import reference
     from pipeline.engines import lite
-    from pipeline.engines.paddle_infer import InferenceEngine
     from pipeline.core.env import cpu_count
 
-    found = {"server fp32": lambda: InferenceEngine(folder / layout.FP32_PREFIX, "fp32",
-                                                    threads=threads or cpu_count())}
+    ref_kind, _ = layout.reference_of(cfg)
+    ref_threads = threads or (cpu_count() if ref_kind == "paddle-inference" else 1)
+    found = {reference.label(cfg): lambda: reference.engine(folder, cfg, ref_threads)}
     nb = folder / layout.mobile_nb("x86", "fp32")
     if nb.is_file() and lite.fp32_nb_runs_correctly_here("x86"):
         found["lite x86 fp32"] = lambda: lite.LiteEngine(nb, cfg["input"]["shape"], timeout=timeout)
@@ -81,7 +83,7 @@ def _served_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndarray,
 
     rec = cfg.get("serving") or {}
     prec = rec.get("precision") or "fp32"
-    if prec == "fp32" and rec.get("engine") in (None, "paddle-inference", "onnxruntime"):
+    if prec == "fp32" and rec.get("engine") in (None, "paddle-inference", "onnxruntime"):    # checked in _engines
         return []
     from pipeline.engines.evidence import head
 
@@ -112,7 +114,7 @@ def _other_rows_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndar
     from pipeline.engines.evidence import head
 
     rec = cfg.get("serving") or {}
-    served = (rec.get("engine") or "paddle-inference", rec.get("precision") or "fp32")
+    served = (rec.get("engine") or layout.reference_of(cfg)[0], rec.get("precision") or "fp32")
     checks, not_run = [], {}
     for kind, prec in OWN_FILE_ROWS:
         rel = layout.serving_model(kind, prec)

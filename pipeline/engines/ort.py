@@ -20,6 +20,9 @@ from pipeline.engines.base import Engine
 from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+# graph optimization levels by name: "all" (every fusion: the served rows), "basic" (constant folding and redundant-node
+# removal only: an imported model's fp32 reference, pipeline/models/onnx_import.py)
+OPT_LEVELS = ("none", "basic", "extended", "all")
 _INT8_KERNELS = {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd",
                  "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearMul", "MatMulIntegerToFloat",
                  "DynamicQuantizeMatMul"}
@@ -47,9 +50,10 @@ class OrtEngine(Engine):
     kind = "onnxruntime"
 
     def __init__(self, onnx_file: str | os.PathLike, *, threads: int = 1, provider: str = "cpu",
-                 label: str = "fp32", spin: bool = True) -> None:
+                 label: str = "fp32", spin: bool = True, graph_optimization: str = "all") -> None:
         """spin: ORT's intra-op pool threads busy-wait for the next call (its default; best for a tight
-        loop). A server turns it off: the spinning threads take cores from its event loop and HTTP stack."""
+        loop). A server turns it off: the spinning threads take cores from its event loop and HTTP stack.
+        graph_optimization: one of OPT_LEVELS ("basic": an ONNX import's fp32 reference)."""
         import onnxruntime as ort
 
         super().__init__()
@@ -59,10 +63,15 @@ class OrtEngine(Engine):
         ok, why = provider_status(provider)
         if not ok:
             raise PipelineError(why)
+        if graph_optimization not in OPT_LEVELS:
+            raise ConfigError(f"unknown ONNX Runtime graph optimization {graph_optimization!r}",
+                              hint=f"one of {', '.join(OPT_LEVELS)}")
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        levels = ort.GraphOptimizationLevel
+        so.graph_optimization_level = {"none": levels.ORT_DISABLE_ALL, "basic": levels.ORT_ENABLE_BASIC,
+                                       "extended": levels.ORT_ENABLE_EXTENDED, "all": levels.ORT_ENABLE_ALL}[graph_optimization]
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         with tempfile.TemporaryDirectory(prefix="ort-opt-") as tmp:
@@ -77,7 +86,7 @@ class OrtEngine(Engine):
             raise PipelineError(f"engine supports one input, {path} has {[i.name for i in inp]}")
         self.input_name, self.output_name = inp[0].name, outs[0].name
         self.input_shape = [d if isinstance(d, int) else -1 for d in inp[0].shape]
-        self.settings = {"threads": int(threads), "provider": PROVIDERS[provider], "graph_optimization": "all",
+        self.settings = {"threads": int(threads), "provider": PROVIDERS[provider], "graph_optimization": graph_optimization,
                          "spinning": bool(spin) and int(threads) > 1}
         int8_ops = {k: v for k, v in ops.items() if k in _INT8_KERNELS}
         qdq_left = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
@@ -120,6 +129,31 @@ def excluded_compute_nodes(onnx_file: str | os.PathLike, weights: Collection[str
             if n.op_type in COMPUTE_OPS and not (len(n.input) > 1 and n.input[1] in allowed)]
 
 
+QDQ_MIN_OPSET = 13     # per-channel DequantizeLinear (its `axis`) exists from opset 13
+
+
+def qdq_opset(onnx_file: str | os.PathLike, tmp_file: Path) -> tuple[Path, dict | None]:
+    """The model to quantize: as it is at opset >= QDQ_MIN_OPSET, else converted to it (onnx.version_converter) into
+    tmp_file. quantize_static writes per-channel QDQ nodes of the model's own opset: at 11 (PP-OCRv6 small as
+    RapidOCR 3.10 ships it) the result does not load (INVALID_GRAPH on a DequantizeLinear of an int32 bias).
+    -> (file, {"from", "to"} or None when nothing was converted)."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(onnx_file), load_external_data=False)
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset >= QDQ_MIN_OPSET:
+        return Path(onnx_file), None
+    try:
+        newer = version_converter.convert_version(model, QDQ_MIN_OPSET)
+        onnx.checker.check_model(newer)
+    except Exception as exc:        # an op the converter has no adapter for: the row fails with this line
+        raise PipelineError(f"ONNX Runtime int8 needs opset >= {QDQ_MIN_OPSET} (per-channel QDQ); converting "
+                            f"{Path(onnx_file).name} from opset {opset} failed: {str(exc).splitlines()[0][:160]}") from None
+    onnx.save(newer, str(tmp_file))
+    return tmp_file, {"from": int(opset), "to": QDQ_MIN_OPSET}
+
+
 def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, calib: np.ndarray, *,
                   batch_size: int = 32, batch_nums: int = 10, weights: Collection[str] | None = None) -> dict:
     """Static (calibrated) QDQ int8: per-channel int8 weights, uint8 activations.
@@ -153,8 +187,9 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
     out = Path(out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ortq-", dir=out.parent) as tmp:
+        src, converted = qdq_opset(onnx_file, Path(tmp) / "opset.onnx")
         pre = Path(tmp) / "pre.onnx"
-        quant_pre_process(str(onnx_file), str(pre), skip_symbolic_shape=True)
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         scoped = {}
         if weights is not None:     # only these compute nodes; elementwise and other ops stay fp32, as in Paddle's row
             excluded = excluded_compute_nodes(onnx_file, weights)
@@ -166,4 +201,5 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
         os.replace(q, out)
     return {"calibration_samples": int(n), "format": "QDQ", "per_channel": True, "reduce_range": reduce_range,
             "cpu_has_vnni": capabilities.has_vnni(),
-            "calibrate_method": "MinMax", **({"onnx_op_types": list(COMPUTE_OPS), "excluded_compute_nodes": len(scoped["nodes_to_exclude"])} if scoped else {})}
+            "calibrate_method": "MinMax", **({"opset_converted": converted} if converted else {}),
+            **({"onnx_op_types": list(COMPUTE_OPS), "excluded_compute_nodes": len(scoped["nodes_to_exclude"])} if scoped else {})}

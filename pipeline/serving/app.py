@@ -43,7 +43,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
                        versions=manifest.get("versions"), **limits)
     else:
         limits.pop("max_boxes", None)            # /ocr only
-        app = create_app_from_model(str(folder / layout.FP32_PREFIX), cfg, threads=threads,
+        app = create_app_from_model(str(folder / layout.reference_of(cfg)[1]), cfg, threads=threads,
                                     max_body=max_body, name=manifest.get("name") or folder.name,
                                     versions=manifest.get("versions"),
                                     engine=load_engine(folder, cfg, engine, threads, precision), **limits)
