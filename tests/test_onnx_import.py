@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import load_config
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, IntegrityError
 from pipeline.models import onnx_import
 
 from clirun import pipeline_cli
@@ -144,6 +144,16 @@ def test_onnx_chain_runs_ort_and_openvino_rows_and_skips_paddle(tiny, chain):
 
 # ------------------------------------------------------------------ the ONNX-only bundle: reference = ONNX Runtime basic
 
+def test_a_bundle_reference_is_paddle_by_default_and_only_a_known_engine():
+    from pipeline.bundle import layout
+
+    assert layout.reference_of({}) == ("paddle-inference", layout.FP32_PREFIX)       # bundles made before the record
+    assert layout.reference_of({"reference": {"engine": "onnxruntime"}}) == ("onnxruntime", layout.ONNX_MODEL)
+    for bad in ({"engine": "openvino"}, {"engine": "../x"}, "onnxruntime"):
+        with pytest.raises(IntegrityError, match="reference engine"):
+            layout.reference_of({"reference": bad})
+
+
 @pytest.mark.slow
 def test_onnx_bundle_names_onnx_runtime_as_its_reference(tiny, chain):
     from pipeline.bundle import layout
@@ -205,7 +215,6 @@ def test_onnx_bundle_tampering_is_caught(chain, tmp_path):
     from pipeline.bundle.format import verify_hashes
     from pipeline.bundle.verify import verify_bundle, verify_or_raise
     from pipeline.core.artifacts import sha256_file
-    from pipeline.core.errors import IntegrityError
 
     _, b = chain
     flipped = shutil.copytree(b, tmp_path / "flipped")

@@ -33,6 +33,24 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
     assert all(p == "fp32" for _, p in got)
 
 
+def test_an_onnx_import_part_competes_against_its_own_reference(tmp_path, monkeypatch):
+    """A part imported from .onnx (bundle reference: ONNX Runtime fp32, basic) has no Paddle row: its fp32 chain row
+    is ONNX Runtime's, and the speed ratios of its choice are against that reference."""
+    amx = _flags("intel_amx", "", monkeypatch)
+    sub, cfg = _bundle(tmp_path, amx)
+    cfg["reference"] = {"engine": "onnxruntime", "precision": "fp32", "graph_optimization": "basic"}
+    got = ch.part_candidates(sub, cfg, here=amx)
+    assert got[0] == ("onnxruntime", "fp32") and ("paddle-inference", "fp32") not in got
+    assert got.count(("onnxruntime", "fp32")) == 1
+    rows = [{**r, "engine": "onnxruntime"} if (r["engine"], r["precision"]) == ch.FP32_REF else r
+            for r in _rows() if r["precision"] != "int8"]
+    chosen, _ = ch.choose_part("detection", rows, ("onnxruntime", "fp32"))
+    assert (chosen["engine"], chosen["precision"]) == ("openvino", "bf16") and chosen["speedup_vs_fp32"] == 4.0
+    assert "4.00x onnxruntime fp32" in ch.why_chosen("detection", chosen, 8, "openvino bf16")
+    with pytest.raises(StopIteration):          # a row list without the part's reference is a caller's bug
+        ch.choose_part("detection", rows)
+
+
 def test_varied_pages_never_repeat_a_shape():
     pages = [np.zeros((64, 96, 3), np.uint8)] * 3
     rounds = ch.varied_pages(pages, n=3, rounds=2) + ch.varied_pages(pages, n=3, rounds=1, start=6)

@@ -104,7 +104,8 @@ def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
 def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None = None, role: str = ""):
     """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision as this CPU may
     run it (per batch profile, as `serve` loads it), or the row the system bundle pinned (part["by"] pinned); an
-    engine name = that runtime on the part's fp32 model (the pre-auto behaviour). ONNX Runtime's pool threads
+    engine name = that runtime on the part's fp32 model (the pre-auto behaviour); "reference" = the part's fp32
+    reference engine (pipeline/bundle/reference.py). ONNX Runtime's pool threads
     sleep between calls, as in `serve`. engine.serving says what runs and why (GET /health)."""
     from pipeline.engines import registry
     from pipeline.bundle.serving_choice import MODEL_PATHS, load_engine
@@ -115,6 +116,11 @@ def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None
         return eng
     if kind == "auto":
         return load_engine(sub, load_infer_config(sub), threads=threads, label=role)
+    if kind == "reference":     # the part's fp32 reference, as verify and the system stage's fp32 chain run it
+        eng = reference_engine(sub, threads)
+        eng.serving = {"engine": eng.kind, "precision": "fp32", "why": "the part's fp32 reference (its bundle's "
+                       "`reference`)", "cpu": None, "effective_precision": eng.effective_precision}
+        return eng
     eng = registry.make(kind, sub / MODEL_PATHS[kind], "fp32", threads=threads, spin=False)
     eng.serving = {"engine": kind, "precision": "fp32", "why": f"system.engine={kind}: every part's fp32 model "
                    "on that runtime", "cpu": None, "effective_precision": eng.effective_precision}
