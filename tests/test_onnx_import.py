@@ -101,6 +101,32 @@ def test_macs_and_activation_bytes_count_the_graph(tiny):
     assert onnx_import.activation_bytes(tiny, [-1, 1, 16, 16]) == 4 * (256 + 2 * 1024 + 4 + 4 + CLASSES)
 
 
+def test_ort_int8_of_an_opset_11_model_is_quantized_at_opset_13(tiny, tmp_path, monkeypatch):
+    """quantize_static writes per-channel QDQ at the model's own opset: at 11 (PP-OCRv6 small as shipped) the
+    result does not load (INVALID_GRAPH on the bias's DequantizeLinear), so the float model goes to opset 13 first."""
+    import onnx
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.engines import ort
+
+    m = onnx.load(str(tiny))
+    m.opset_import[0].version = 11
+    old = tmp_path / "opset11.onnx"
+    onnx.save(m, str(old))
+    calib = np.random.default_rng(2).normal(size=(16, 1, 16, 16)).astype(np.float32)
+    info = ort.quantize_int8(old, tmp_path / "q.onnx", calib, batch_size=8, batch_nums=2)
+    assert info["opset_converted"] == {"from": 11, "to": 13}
+    eng = ort.OrtEngine(tmp_path / "q.onnx", label="int8")
+    assert eng.effective_precision == "int8" and eng.evidence["int8_kernels"]
+    ref = onnx_import.reference_outputs(old, calib)
+    assert np.abs(eng.run(calib) - ref).max() <= 0.1 * np.abs(ref).max()       # int8 rounding, not another model
+    assert "opset_converted" not in ort.quantize_int8(tiny, tmp_path / "q13.onnx", calib, batch_size=8, batch_nums=1)
+    monkeypatch.setattr(ort, "qdq_opset", lambda f, t: (f, None))             # what the row did before
+    ort.quantize_int8(old, tmp_path / "q_as_is.onnx", calib, batch_size=8, batch_nums=1)
+    with pytest.raises(PipelineError, match="INVALID_GRAPH"):
+        ort.OrtEngine(tmp_path / "q_as_is.onnx", label="int8")
+
+
 def test_source_onnx_needs_a_path():
     with pytest.raises(ConfigError, match="model.path is empty"):
         load_config(overrides=["model.source=onnx"])
