@@ -1,15 +1,20 @@
-"""Which OpenVINO layers must stay f32 for a recognizer's bf16 row to keep its text (server.bf16.openvino_keep_fp32)?
+"""Which OpenVINO layers must stay f32 for a bf16 row to keep what it reads (server.bf16.openvino_keep_fp32)?
 
-Chosen on the TUNING split (the run's train/calib.npz: training-set lines, disjoint from the validation slice the
+Chosen on the TUNING split (the run's train/calib.npz: training-set samples, disjoint from the validation slice the
 server gate judges): each segment (a compute layer and its fused tail, pipeline/engines/ov.py layer_segments) is run
-alone in bf16 and ranked by the error it adds; then the top k segments are kept f32 for k = 0, 1, 2, 4, ... and
-each trial reports the tuning lines whose text changed vs f32 and its batch-8 speed vs f32 (timed interleaved,
-one thread). Advised: the smallest k with the fewest changed tuning lines. Needs a CPU with bf16 (avx512_bf16/AMX).
-OpenVINO 2026.4 honours the mark only on layers its CPU plugin keeps as they are: a convolution it fuses with the
-next Multiply (batch norm, affine scale), a MatMul+Add it turns into FullyConnected and a layer norm it turns into
-MVN are new nodes without the mark and stay bf16 (what the trials' speed and changed lines then show).
+alone in bf16 and ranked by the error it adds (recognizer: |dp| of fp32's top class; detector: |dp| over the DB
+map); then the top k segments are kept f32 for k = 0, 1, 2, 4, ... and each trial reports what changed vs f32 and
+its speed vs f32 (timed interleaved, one thread; recognizer batch 8, detector batch 1: pages are read one by one):
+  recognizer: tuning lines whose decoded text changed;
+  detector:   DB boxes (the run's postprocess) of the tuning pages that f32 finds and the row does not reproduce to
+              the pixel, plus the row's boxes f32 does not have; and the share of map pixels whose binarisation flips.
+The rule (docs/low_precision.md, written before any list was judged): among the trials at least
+server.recommend.min_speedup x faster than f32 (a slower keep list is never served), the smallest k with the fewest
+changes. Needs a CPU with bf16 (avx512_bf16/AMX). The base IR is fused before it is marked (ov.save_f32_ir), so the
+marks hold on every convolution; a MatMul+Add the CPU plugin turns into FullyConnected stays bf16 whatever is marked.
 
-  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_rec [--lines 128]
+  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_rec [--samples 128]
+  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_det      (16 tuning pages; ranked on 4)
 """
 from __future__ import annotations
 
@@ -31,13 +36,28 @@ def changed_lines(out: np.ndarray, ref: np.ndarray) -> int:
     return sum(tuple(a) != tuple(b) for a, b in zip(ctc_greedy_decode(out), ctc_greedy_decode(ref)))
 
 
+def changed_boxes(out: np.ndarray, ref: np.ndarray, post: dict) -> dict:
+    """Boxes of fp32's maps the row does not reproduce to the pixel + the row's boxes fp32 lacks, and the share of
+    pixels whose binarisation (prob > thresh) flips."""
+    from pipeline.ocr.db_post import DBParams, boxes_from_map
+
+    params = DBParams.from_dict(post)
+    changed = boxes = 0
+    for o, r in zip(out, ref):
+        a = {q.astype(int).tobytes() for q in boxes_from_map(r, params)[0]}
+        b = {q.astype(int).tobytes() for q in boxes_from_map(o, params)[0]}
+        changed += len(a ^ b)
+        boxes += len(a)
+    flips = float(((out > params.thresh) != (ref > params.thresh)).mean())
+    return {"changed": changed, "of": boxes, "flipped_pixels": flips}
+
+
 def speed(xml_f32, xml_bf16, x, rounds: int = 5, batch: int = 8) -> float:
     """f32 time / bf16 time at `batch`, one thread, the two compiled models called alternately."""
-    import openvino as ov
+    from pipeline.engines.ov import shared_core
 
-    core = ov.Core()
-    cs = [core.compile_model(str(p), "CPU", {"INFERENCE_PRECISION_HINT": h, "INFERENCE_NUM_THREADS": 1,
-                                             "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
+    cs = [shared_core().compile_model(str(p), "CPU", {"INFERENCE_PRECISION_HINT": h, "INFERENCE_NUM_THREADS": 1,
+                                                      "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
           for p, h in ((xml_f32, "f32"), (xml_bf16, "bf16"))]
     xb = np.ascontiguousarray(x[:batch])
     times = [[], []]
@@ -51,47 +71,71 @@ def speed(xml_f32, xml_bf16, x, rounds: int = 5, batch: int = 8) -> float:
     return float(np.median(times[0]) / np.median(times[1]))
 
 
+def advise(trials: list[dict], min_speedup: float) -> dict:
+    """The rule: among trials >= min_speedup x f32, the smallest k with the fewest changes (none fast enough: k=0)."""
+    fast = [t for t in trials if t["speed_vs_f32"] >= min_speedup] or trials[:1]
+    best = min(t["changed"] for t in fast)
+    return next(t for t in fast if t["changed"] == best)
+
+
+def _trial(ovx, base, tmp, ranked, k, x, ref, post, batch) -> dict:
+    names = [n for s in ranked[:k] for n in s["names"]]
+    ovx.keep_f32_ir(base, names, Path(tmp) / "keep.xml")
+    out = ovx.run_ir(Path(tmp) / "keep.xml", x, "bf16", batch=batch)
+    t = {"k": k, "layers": [s["layer"] for s in ranked[:k]],
+         "speed_vs_f32": round(speed(base, Path(tmp) / "keep.xml", x, batch=batch), 3)}
+    t.update(changed_boxes(out, ref, post) if post is not None else {"changed": changed_lines(out, ref), "of": len(x)})
+    return t
+
+
 def main() -> int:
+    from pipeline.core.config import load_config
     from pipeline.engines import ov as ovx
     from pipeline.engines.onnx_export import export_onnx
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True)
-    p.add_argument("--lines", type=int, default=128, help="tuning lines (from train/calib.npz)")
+    p.add_argument("--samples", "--lines", type=int, default=128, help="tuning samples (from train/calib.npz)")
+    p.add_argument("--rank-samples", type=int, default=None, help="of those, the first N rank the segments "
+                   "(default: all; a detector: 4 pages)")
     p.add_argument("--out", default=None, help="write the ranking and trials as JSON here")
     args = p.parse_args()
     run = Path(args.run)
+    info = json.loads((run / "train" / "info.json").read_text())
+    post = info["postprocess"] if info["task"] == "detection" else None
+    batch = 1 if post is not None else 8
+    min_speedup = load_config([run / "config.resolved.yaml"]).server.recommend.min_speedup
     with np.load(run / "train" / "calib.npz") as z:
-        x = z["inputs"][:args.lines]
+        x = z["inputs"][:args.samples]
+    n_rank = args.rank_samples or (4 if post is not None else len(x))
     with tempfile.TemporaryDirectory() as tmp:
         onnx = run / "server" / "onnx" / "model.onnx"
         if not onnx.is_file():
             onnx = export_onnx(run / "export" / "inference", Path(tmp) / "model.onnx")
         base = ovx.save_f32_ir(onnx, Path(tmp) / "base.xml")
-        ref = ovx.run_ir(base, x, "f32")
+        ref = ovx.run_ir(base, x, "f32", batch=batch)
         t0 = time.perf_counter()
-        ranked = ovx.bf16_sensitivity(base, x, ref, tmp)
-        print(f"ranked {len(ranked)} segments on {len(x)} tuning lines in {time.perf_counter() - t0:.0f} s")
+        ranked = ovx.bf16_sensitivity(base, x[:n_rank], ref[:n_rank], tmp, batch=batch,
+                                      error=ovx.map_error if post is not None else ovx.top_class_error)
+        print(f"ranked {len(ranked)} segments on {n_rank} tuning samples in {time.perf_counter() - t0:.0f} s")
         for s in ranked[:12]:
             print(f"  {s['error']:.3g}  {s['layer']} ({s['type']}, {len(s['names'])} layers)")
         trials, k = [], 0
         while k <= len(ranked):
-            names = [n for s in ranked[:k] for n in s["names"]]
-            ovx.keep_f32_ir(base, names, Path(tmp) / "keep.xml")
-            out = ovx.run_ir(Path(tmp) / "keep.xml", x, "bf16")
-            t = {"k": k, "layers": [s["layer"] for s in ranked[:k]], "changed": changed_lines(out, ref),
-                 "speed_vs_f32_b8": round(speed(base, Path(tmp) / "keep.xml", x), 3)}
+            t = _trial(ovx, base, tmp, ranked, k, x, ref, post, batch)
             trials.append(t)
-            print(f"k={k}: {t['changed']} of {len(x)} tuning lines changed, {t['speed_vs_f32_b8']}x f32 (batch 8)")
+            print(f"k={k}: {t['changed']} of {t['of']} tuning {'boxes' if post is not None else 'lines'} changed"
+                  + (f", {t['flipped_pixels']:.2e} of map pixels flipped" if post is not None else "")
+                  + f", {t['speed_vs_f32']}x f32 (batch {batch})")
             if t["changed"] == 0 or k == len(ranked):
                 break
             k = 1 if k == 0 else min(2 * k, len(ranked))
-    best = min(t["changed"] for t in trials)
-    pick = next(t for t in trials if t["changed"] == best)
-    print(f"advised: k={pick['k']} ({best} tuning lines changed): server.bf16.openvino_keep_fp32 = "
-          f"{[s['layer'] for s in ranked[:pick['k']]]} (each with its segment's tail: ov.segment_names)")
+    pick = advise(trials, min_speedup)
+    print(f"advised (>= {min_speedup:g}x f32, then the fewest changes, then the smallest k): k={pick['k']} "
+          f"({pick['changed']} changed, {pick['speed_vs_f32']}x f32): server.bf16.openvino_keep_fp32 = "
+          f"{pick['layers']} (each with its segment's tail: ov.segment_names)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"ranked": ranked, "trials": trials}, indent=1))
+        Path(args.out).write_text(json.dumps({"ranked": ranked, "trials": trials, "advised": pick}, indent=1))
     return 0
 
 

@@ -160,6 +160,40 @@ def test_precise_marks_land_on_the_named_ir_layers(tmp_path):
     assert np.array_equal(f32, kept_run)            # the marks change nothing under an f32 hint
 
 
+def test_precise_marks_hold_on_convolutions_fused_with_their_batch_norm(tmp_path):
+    """A conv + batch norm: the CPU plugin fuses the norm's Multiply into the conv, a new node the mark used to miss.
+    The base IR is saved fused, its compute layers under their ONNX names; every layer marked runs f32 under a bf16
+    hint (checked where the CPU has bf16: elsewhere the hint runs f32 anyway)."""
+    pytest.importorskip("openvino")
+    from tests.test_fp16_gates import _save_static
+    from pipeline.engines import ov as ovx
+    from pipeline.engines.onnx_export import export_onnx
+
+    def build(x):
+        h = paddle.static.nn.batch_norm(paddle.static.nn.conv2d(x, 8, 3, padding=1, bias_attr=False))
+        return paddle.static.nn.conv2d(paddle.nn.functional.relu(h), 4, 1)
+    paddle.seed(0)
+    _save_static(tmp_path / "m", [None, 3, 8, 8], build)
+    onnx = export_onnx(tmp_path / "m", tmp_path / "model.onnx")
+    onnx_names = [op.get_friendly_name() for op in ovx.shared_core().read_model(str(onnx)).get_ordered_ops()
+                  if op.get_type_name() == "Convolution"]
+    base = ovx.save_f32_ir(onnx, tmp_path / "ir" / "base.xml")
+    segments = ovx.layer_segments(base)
+    assert [s["layer"] for s in segments] == onnx_names and len(onnx_names) == 2
+    import xml.etree.ElementTree as ET
+    kinds = {layer.get("type") for layer in ET.parse(base).getroot().iter("layer")}
+    assert not kinds & {"Multiply", "BatchNormInference"}                   # the norm is folded into the conv
+    every = [n for s in segments for n in s["names"]]
+    ovx.keep_f32_ir(base, every, tmp_path / "ir" / "all.xml")
+    x = np.random.default_rng(0).standard_normal([2, 3, 8, 8]).astype(np.float32)
+    np.testing.assert_allclose(ovx.run_ir(base, x, "f32", batch=2),
+                               ovx.run_ir(onnx, x, "f32", batch=2), rtol=1e-4, atol=1e-5 * np.abs(x).max())
+    if ovx.bf16_status()[0]:
+        compiled = ovx.shared_core().compile_model(str(tmp_path / "ir" / "all.xml"), "CPU",
+                                                   {"INFERENCE_PRECISION_HINT": "bf16"})
+        assert dict(ovx._runtime_precisions(compiled)) == {"f32": 2}
+
+
 @pytest.mark.parametrize("cap, blocks", [("AVX2", True), ("sse41", True), ("AVX512_CORE_VNNI", True),
                                          ("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", False), ("ALL", False),
                                          ("", False)])

@@ -48,6 +48,15 @@ def test_imagenet_mean_std_in_bgr_order():
     np.testing.assert_allclose(x[0, :, 0, 0], [(1 - 0.485) / 0.229, -0.456 / 0.224, -0.406 / 0.225], rtol=1e-5)
 
 
+@pytest.mark.parametrize("mean, std", [((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), (ppocr.IMAGENET_MEAN, ppocr.IMAGENET_STD)])
+def test_normalize_is_bit_identical_to_paddleocr_expression(mean, std):
+    img = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    m, s = np.asarray(mean, np.float32).reshape(1, 1, -1), np.asarray(std, np.float32).reshape(1, 1, -1)
+    want = ((img.astype(np.float32) / 255.0 - m) / s).transpose(2, 0, 1)      # NormalizeImage, then HWC -> CHW
+    got = ppocr.normalize(img, mean, std)
+    assert got.dtype == np.float32 and got.flags.c_contiguous and np.array_equal(got, want)
+
+
 def test_sorted_boxes_matches_paddleocr():
     from rapidocr_onnxruntime import RapidOCR
 

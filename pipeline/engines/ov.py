@@ -200,17 +200,42 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
 # OpenVINO's CPU plugin honours a per-node f32 request inside a bf16 model only through the IR: rt_info set from
 # Python (disable_fp16_compression_0, precise_0) changes nothing, but `<rt_info><attribute name="precise"
 # version="0"/></rt_info>` on a <layer> of an IR saved with compress_to_fp16=False does (../shared/STACK.md).
+# The mark is not copied to a node a transformation makes (DisableFP16Compression is not copyable): a convolution
+# the plugin fuses with its batch-norm Multiply, a MatMul+Add turned FullyConnected came out bf16 whatever was
+# marked. So the base IR is saved already fused (OpenVINO's own MOC transformations, as `ovc` runs them): the marks
+# then sit on the nodes the plugin compiles (PP-OCRv4 det, rec and cls: every compute layer marked -> every one
+# runs f32, was 16 of 64 det and 20 of 38 rec convolutions still bf16). Fusing renames a fused convolution after
+# its Multiply (Multiply_18141): a copyable string in rt_info carries each compute layer's ONNX name through the
+# fusions, and the layer is named back, so keep lists name the layers as the ONNX model does.
+_ORIGIN = "pipeline_origin"
 _NOT_SEGMENT = {"Const", "Parameter", "Result", "ShapeOf"}
 _COMPUTE_IR = {"Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData"}
 
 
 def save_f32_ir(onnx_file: str | os.PathLike, out_xml: str | os.PathLike) -> Path:
-    """The ONNX model as an f32 OpenVINO IR (weights not compressed to f16), the base the `precise` marks go on."""
+    """The ONNX model as an f32 OpenVINO IR (weights not compressed to f16), fused as the CPU plugin would fuse it,
+    each compute layer under its ONNX name: the base the `precise` marks go on (see above)."""
     import openvino as ov
+    from openvino._offline_transformations import apply_moc_transformations
 
     out = Path(out_xml)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(shared_core().read_model(str(onnx_file)), str(out), compress_to_fp16=False)
+    model = shared_core().read_model(str(onnx_file))
+    for op in model.get_ordered_ops():
+        if op.get_type_name() in _COMPUTE_IR:
+            op.get_rt_info()[_ORIGIN] = op.get_friendly_name()
+    apply_moc_transformations(model, cf=True)
+    carriers: dict[str, list] = {}
+    for op in model.get_ordered_ops():
+        rt = op.get_rt_info()
+        if _ORIGIN in rt:
+            if op.get_type_name() in _COMPUTE_IR:
+                carriers.setdefault(rt[_ORIGIN].astype(str), []).append(op)
+            del rt[_ORIGIN]
+    for name, ops in carriers.items():
+        if len(ops) == 1:           # two nodes from one layer (never seen): both keep the names fusion gave them
+            ops[0].set_friendly_name(name)
+    ov.save_model(model, str(out), compress_to_fp16=False)
     return out
 
 
@@ -275,18 +300,26 @@ def run_ir(xml: str | os.PathLike, x: np.ndarray, hint: str, *, batch: int = 8, 
     return np.concatenate([c(np.ascontiguousarray(x[i:i + batch]))[0] for i in range(0, len(x), batch)])
 
 
+def top_class_error(out: np.ndarray, reference: np.ndarray) -> float:
+    """mean |p - p_ref| of the reference's top class (classifiers, CTC recognizers: the class axis is the last)."""
+    top = reference.argmax(-1)[..., None]
+    return float(np.abs(np.take_along_axis(out, top, -1) - np.take_along_axis(reference, top, -1)).mean())
+
+
+def map_error(out: np.ndarray, reference: np.ndarray) -> float:
+    """mean |p - p_ref| over every pixel of a probability map (detectors: DB maps [N, 1, H, W])."""
+    return float(np.abs(out - reference).mean())
+
+
 def bf16_sensitivity(base_xml: str | os.PathLike, x: np.ndarray, reference: np.ndarray, work: str | os.PathLike,
-                     *, batch: int = 8, threads: int = 1) -> list[dict]:
+                     *, batch: int = 8, threads: int = 1, error=top_class_error) -> list[dict]:
     """Each segment's own bf16 error: the model with only that segment bf16 (every other layer `precise`), run on
-    `x` (a TUNING split, never the data a gate judges), error = mean |p - p_ref| of the reference's top class.
+    `x` (a TUNING split, never the data a gate judges), error(out, reference) (top_class_error, map_error).
     Largest first."""
     segments, work = layer_segments(base_xml), Path(work)
     every = [n for s in segments for n in s["names"]]
-    top = reference.argmax(-1)[..., None]
-    picked = np.take_along_axis(reference, top, -1)
     for s in segments:
         own = set(s["names"])
         keep_f32_ir(base_xml, [n for n in every if n not in own], work / "only.xml")
-        out = run_ir(work / "only.xml", x, "bf16", batch=batch, threads=threads)
-        s["error"] = float(np.abs(np.take_along_axis(out, top, -1) - picked).mean())
+        s["error"] = error(run_ir(work / "only.xml", x, "bf16", batch=batch, threads=threads), reference)
     return sorted(segments, key=lambda s: -s["error"])

