@@ -22,11 +22,17 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
     assert {("openvino", "fp32"), ("onnxruntime", "fp32"), ("onnxruntime", "int8")} <= set(got)
     assert len(got) == len(set(got))
     assert ch.part_candidates(sub, cfg, here=amx, max_low=1).count(("onnxruntime", "int8")) == 0
-    # "not faster" was timed on the part's own fixed-shape inputs: it competes again; a failed row does not
+    # "not faster" was timed on the part's own fixed-shape inputs: it competes again; "over budget" (the single
+    # bundle's accuracy budget) is judged by the system gates instead; a failed row does not compete
     for c in cfg["serving"]["candidates"]:
-        c["verdict"] = {"onnxruntime int8": "not faster", "openvino fp32": "over budget"}.get(c["row"], c["verdict"])
+        c["verdict"] = {"onnxruntime int8": "not faster", "openvino fp32": "failed gate"}.get(c["row"], c["verdict"])
     got = ch.part_candidates(sub, cfg, here=amx)
     assert ("onnxruntime", "int8") in got and ("openvino", "fp32") not in got
+    sub2, cfg2 = _bundle(tmp_path / "fp32 chosen", amx, chosen=("onnxruntime", "fp32"))
+    for verdict, competes in (("over budget", True), ("failed gate", False), ("emulated", False)):
+        for c in cfg2["serving"]["candidates"]:
+            c["verdict"] = verdict if c["row"] == "openvino bf16" else c["verdict"]
+        assert (("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx)) == competes, verdict
     # a CPU without bf16 and VNNI: neither the bf16 row nor the VNNI-gated int8 row competes
     avx2 = _flags("amd_avx2", "", monkeypatch)
     got = ch.part_candidates(sub, cfg, here=avx2)

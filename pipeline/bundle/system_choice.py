@@ -21,6 +21,11 @@ from pipeline.bundle import layout
 FP32_REF = ("paddle-inference", "fp32")
 MAX_LOW = 5             # low-precision rows per part (each engine's fastest passing one first), besides fp32 rows
 NOT_FASTER = "not faster"   # a row that passed gates and budget but not min_speedup on the part's own inputs
+# A row that passed its gates but not server.recommend's accuracy budget (drop <= 0.01, text agreement >= 0.99 on the
+# part's own slice: one line of 128, below what the slice resolves) is the single bundle's user budget; inside the
+# system, what users read is judged on the system's pages by the system gates (lines identical to the fp32 chain's
+# >= 0.95, line and field accuracy), so such rows compete there (docs/serving_choice.md, issue 29).
+OVER_BUDGET = "over budget"
 TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
 ROUNDS = 2
 MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
@@ -32,7 +37,8 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     recommendation as
     this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
     its bundle (verdict chosen / slower / not faster: "not faster" was timed on the part's fixed-shape inputs, and
-    is timed again here), each engine's fastest first, whose kernels this CPU runs and whose model is bundled."""
+    is timed again here; over budget: judged by the system gates instead of the part's budget), each engine's
+    fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags
     from pipeline.bundle import reference
     from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
@@ -40,7 +46,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     here = cpu_flags() if here is None else here
     built = built_flags(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
-            if c.get("verdict") in PASSED + (NOT_FASTER,) and kernel_refusal(c["precision"], built, here) is None
+            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and kernel_refusal(c["precision"], built, here) is None
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"]))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
     firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest
