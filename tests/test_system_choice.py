@@ -210,3 +210,21 @@ def test_a_pinned_part_is_not_chosen_again(monkeypatch, tmp_path):
     assert chain.served["detection"]["precision"] == "bf16"
     assert all(c["recognition"] == ("onnxruntime", "fp32") for s, c in tried if s.startswith("as served"))
     assert not any(s.startswith("choice recognition") for s, _ in tried)
+
+
+def test_a_pin_never_serves_a_low_precision_row_its_bundle_refused(tmp_path, monkeypatch):
+    """system.pin overrides the choice, not the gates: a pinned bf16 row that failed (or skipped: a CPU without bf16)
+    its gate in the part's bundle serves that engine's fp32, and says why."""
+    from pipeline.bundle import system as sysb
+
+    amx = _flags("intel_amx", "", monkeypatch)
+    sub, cfg = _bundle(tmp_path, amx, chosen=("onnxruntime", "fp32"))
+    monkeypatch.setattr(sysb, "load_infer_config", lambda _: cfg)
+    for verdict, served in (("slower", "bf16"), ("over budget", "bf16"), ("failed gate", "fp32"), ("skipped", "fp32")):
+        for c in cfg["serving"]["candidates"]:
+            c["verdict"] = verdict if c["row"] == "openvino bf16" else c["verdict"]
+        part = sysb.part_serving(sub, "openvino bf16", "detection")
+        assert (part["engine"], part["precision"]) == ("openvino", served), verdict
+        assert part["by"] == "pinned (system.pin.detection)"
+        assert (verdict in part["why"]) == (served == "fp32")
+    assert sysb.pin_refusal(cfg["serving"], "openvino", "fp32") is None

@@ -75,6 +75,19 @@ def measured_on(sub: Path) -> dict | None:
             "bf16": caps.get("bf16") or [], "vnni": caps.get("vnni") or []}
 
 
+# verdicts (pipeline/bundle/recommend.py) of a low-precision row a pin must not serve: it failed or skipped its gate,
+# or ran something else than it was asked for (a pin overrides the choice, never the gates)
+_NOT_SERVABLE = ("failed gate", "skipped", "emulated", "no evidence", "not allowed", "failed to load")
+
+
+def pin_refusal(rec: dict, kind: str, prec: str) -> str | None:
+    """Why the part's bundle refuses a pinned low-precision row (its verdict there), None when it may serve it."""
+    row = next((c for c in rec.get("candidates") or [] if c.get("engine") == kind and c.get("precision") == prec), None)
+    if prec == "fp32" or row is None or row.get("verdict") not in _NOT_SERVABLE:
+        return None
+    return f"was not served: its row's verdict in the part's bundle is {row['verdict']} ({row.get('detail', '')})"
+
+
 def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
     """What one part serves and why: {"engine", "precision", "model", "by", "why", "measured_on"[, "cpu",
     "speedup_vs_fp32"]}. pin ("openvino fp32", system.pin.<role>) overrides the part's own recommendation, which
@@ -90,6 +103,13 @@ def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
         out = {"engine": kind, "precision": prec, "by": f"pinned (system.pin.{role})",
                "why": f"pinned by the config (system.pin.{role}: {pin}); recommended: "
                       f"{rec.get('engine', 'paddle-inference')} {rec.get('precision', 'fp32')}"}
+        refused = pin_refusal(rec, kind, prec)
+        if refused:
+            import logging
+
+            logging.getLogger("pipeline").warning("[system] %s: system.pin %s %s; serving %s fp32", role, pin, refused,
+                                                  kind)
+            out.update(precision="fp32", why=f"system.pin.{role} {pin} {refused}: that engine's fp32 instead")
     else:
         ch = runnable_choice(sub, cfg)
         out = {"engine": ch["engine"], "precision": ch["precision"], "by": "recommendation", "why": ch["why"],
