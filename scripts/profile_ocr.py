@@ -106,11 +106,14 @@ def main(argv=None) -> int:
         import cProfile
         prof = cProfile.Profile()
     for k in range(args.passes):
-        T.clear(), N.clear(), PAD.clear()
-        prof and k == args.passes - 1 and prof.enable()
+        for acc in (T, N, PAD):
+            acc.clear()
+        if prof and k == args.passes - 1:
+            prof.enable()
         for page in pages:
             read_pages([page], det, rec, spec, cls=cls)
-        prof and prof.disable()
+        if prof:
+            prof.disable()
         report(k, len(pages))
     if prof:
         prof.dump_stats(args.cprofile)
