@@ -170,11 +170,11 @@ def _copy_models(b: Path, export_dir: Path, server_dir: Path, lite_dir: Path, re
     if "onnx" not in models and (server_dir / "onnx" / "model.onnx").is_file():   # paddle2onnx export, gated there
         _copy(server_dir / "onnx" / "model.onnx", b / bundle_layout.ONNX_MODEL)
         models["onnx"] = bundle_layout.ONNX_MODEL
-    for src, dst in bundle_layout.SERVER_STAGE_MODELS.items():   # ORT / OpenVINO int8: servable when recommended
+    for src, dst in bundle_layout.SERVER_STAGE_MODELS.items():   # ORT / OpenVINO int8, OpenVINO bf16 IR: servable
         if (server_dir / src).is_file():
             _copy(server_dir / src, b / dst)
-            if dst.endswith((".onnx", ".xml")):
-                models[PurePosixPath(src).parent.name + "_int8"] = dst
+            if dst.endswith((".onnx", ".xml")):     # onnx_int8, openvino_int8, openvino_bf16
+                models[PurePosixPath(src).parent.name + "_" + PurePosixPath(src).stem.split("_")[-1]] = dst
     for nb in sorted(lite_dir.glob("*.nb")):
         _copy(nb, b / _mobile_path(nb.name))
         models[f"lite_{nb.stem}"] = _mobile_path(nb.name)

@@ -426,14 +426,14 @@ def _openvino_bf16_row(ctx, task, onnx_file, args) -> Gate:
     if not ok:
         return skipped("server", "openvino bf16", "bf16", task.primary_metric, why)
     b = ctx.cfg.server.bf16
-    model, kept = onnx_file, {}
-    if b.openvino_keep_fp32:         # chosen layers stay f32 inside the bf16 model (the IR's `precise` mark)
-        base = ov.save_f32_ir(onnx_file, ctx.work_dir / "openvino_bf16" / "base.xml")
-        model = ctx.out_dir / "openvino" / "model_bf16.xml"
-        kept = ov.keep_f32_ir(base, ov.segment_names(base, b.openvino_keep_fp32), model)
+    # the IR the row is gated on, bundled and served as it is (bundle.layout.OPENVINO_BF16): chosen layers stay f32
+    # inside the bf16 model (the IR's `precise` mark); without a keep list, the same fused IR with no mark
+    base = ov.save_f32_ir(onnx_file, ctx.work_dir / "openvino_bf16" / "base.xml")
+    model = ctx.out_dir / "openvino" / "model_bf16.xml"
+    kept = ov.keep_f32_ir(base, ov.segment_names(base, b.openvino_keep_fp32), model)
     eng = registry.make("openvino", model, "bf16", threads=_threads(ctx.cfg))
     eng.notes.append(why)
-    if kept:
+    if b.openvino_keep_fp32:
         eng.notes.append(f"{len(b.openvino_keep_fp32)} compute layers and their tails ({kept['marked']} IR layers) kept "
                          f"f32 (server.bf16.openvino_keep_fp32, chosen on {b.chosen_on})"
                          + (f"; not in this model: {', '.join(kept['absent'])}" if kept["absent"] else ""))

@@ -339,7 +339,7 @@ def _served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> 
                                       "lines_kept")},
             "recommended": {k: rec[k] for k in ("engine", "precision", "why") if k in rec},
             "candidates": [{k: x[k] for k in keep if x.get(k) not in (None, "")} for x in rows],
-            "model": serving_model(chosen["engine"], chosen["precision"]), "measured_on": measured_on(sub)}
+            "model": serving_model(chosen["engine"], chosen["precision"], sub), "measured_on": measured_on(sub)}
 
 
 def _served_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:

@@ -220,3 +220,44 @@ def test_bundle_manifest_and_card_say_what_is_served(smoke_bundle):
 
     assert (folder / serving["model"]).exists() or (folder / (serving["model"] + ".pdmodel")).exists()
     assert evidence.head(load_engine(folder, _cfg(folder)).effective_precision) in (serving["precision"], "fp32")
+
+
+def test_openvino_bf16_serves_the_ir_its_row_was_gated_on(tmp_path):
+    """The OpenVINO bf16 row is gated on an IR whose keep-list layers are marked f32; the bundle must serve that IR
+    (it served the ONNX model with the bf16 hint: every layer bf16, on the real images `3F1` read `3FI`). Bundles
+    made before keep that behaviour."""
+    from pipeline.bundle import layout
+
+    assert layout.serving_model("openvino", "bf16") == layout.OPENVINO_BF16
+    assert layout.serving_model("openvino", "bf16", tmp_path) == layout.ONNX_MODEL          # an older bundle
+    assert layout.SERVER_STAGE_MODELS["openvino/model_bf16.xml"] == layout.OPENVINO_BF16
+    server = tmp_path / "run" / "server"
+    assert layout.server_stage_model(server, tmp_path / "export", "openvino", "bf16") == server / "onnx" / "model.onnx"
+    for f in (tmp_path / layout.OPENVINO_BF16, server / "openvino" / "model_bf16.xml"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("<net/>")
+    assert layout.serving_model("openvino", "bf16", tmp_path) == layout.OPENVINO_BF16
+    assert layout.server_stage_model(server, tmp_path / "export", "openvino", "bf16") == \
+        server / "openvino" / "model_bf16.xml"
+    assert layout.serving_model("paddle-inference", "bf16", tmp_path) == layout.FP32_PREFIX   # the engine's switch
+
+
+def test_openvino_bf16_row_writes_the_ir_it_is_gated_on(tmp_path, monkeypatch):
+    """With or without a keep list, the row's model is server/openvino/model_bf16.xml (+ .bin) in the stage's
+    output, the file the bundle stage copies and serving loads."""
+    pytest.importorskip("openvino")
+    import stages.server as server
+    from pipeline.engines import ov
+
+    monkeypatch.setattr(ov, "bf16_status", lambda: (True, "test"))
+    made = []
+    monkeypatch.setattr("pipeline.engines.registry.make", lambda kind, model, prec, **kw: made.append(
+        (kind, Path(model), prec)) or SimpleNamespace(notes=[], evidence={}))
+    monkeypatch.setattr(server, "_row", lambda *a, **kw: SimpleNamespace(status="FAIL"))
+    for keep in ([], ["conv"]):
+        cfg = load_config([], [f"server.bf16.openvino_keep_fp32=[{', '.join(keep)}]"])
+        out = tmp_path / f"out{len(keep)}"
+        ctx = SimpleNamespace(cfg=cfg, work_dir=tmp_path / f"work{len(keep)}", out_dir=out)
+        server._openvino_bf16_row(ctx, SimpleNamespace(primary_metric="accuracy"), _tiny_onnx(tmp_path / "m.onnx"), ())
+        assert made[-1] == ("openvino", out / "openvino" / "model_bf16.xml", "bf16")
+        assert (out / "openvino" / "model_bf16.xml").is_file() and (out / "openvino" / "model_bf16.bin").is_file()

@@ -10,12 +10,16 @@ so a path changes in one line. Paths are relative to the bundle folder, POSIX st
                                                 program: ONNX Runtime fp32 at basic graph optimizations)
     server/onnx/model_int8.onnx                 ONNX Runtime static int8 (QDQ)
     server/openvino/model_int8.xml|.bin         OpenVINO int8 (NNCF)
+    server/openvino/model_bf16.xml|.bin         OpenVINO bf16: the fused f32 IR with server.bf16.openvino_keep_fp32's
+                                                layers marked `precise` (bundles from before it: the ONNX model)
     mobile/<target>_<precision>.nb              Paddle Lite
     infer_config.yaml                           input spec, pre/post-processing, labels, serving choice
     samples/NNN.png + samples/expected.npz      sample inputs and the FP32 outputs for them
     MODEL_CARD.md, manifest.json, model.sig
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 FP32_PREFIX = "server/fp32/inference"            # + .pdmodel / .pdiparams
 ONNX_MODEL = "server/onnx/model.onnx"
@@ -30,6 +34,7 @@ MANIFEST = "manifest.json"
 
 ONNX_INT8 = "server/onnx/model_int8.onnx"
 OPENVINO_INT8 = "server/openvino/model_int8.xml"  # + .bin next to it
+OPENVINO_BF16 = "server/openvino/model_bf16.xml"  # + .bin: the IR the bf16 row was gated on (its keep list marked)
 
 # the fp32 reference of a model bundle (what its samples' expected outputs come from, `verify` runs first and the OCR
 # system's fp32 chain runs): engine -> its model; infer_config.yaml `reference` names the engine (absent in bundles
@@ -39,12 +44,16 @@ DEFAULT_REFERENCE = "paddle-inference"
 
 # the model file each serving engine loads at fp32 (relative to the bundle folder)
 SERVING_MODELS = {"paddle-inference": FP32_PREFIX, "onnxruntime": ONNX_MODEL, "openvino": ONNX_MODEL}
-# low-precision rows that load another file; bf16 is the fp32 model with the engine's bf16 switch
+# low-precision rows that load another file; Paddle bf16 is the fp32 model with the engine's bf16 switch, OpenVINO
+# bf16 the IR its row was gated on (the layers kept f32 are marked in it: serving the ONNX model with the bf16 hint
+# would run every layer bf16, which is not what the gate judged)
 _LOW_PRECISION_MODELS = {("paddle-inference", "int8"): "server/int8/model", ("paddle-inference", "fp16"): "server/fp16/model",
-                         ("onnxruntime", "int8"): ONNX_INT8, ("openvino", "int8"): OPENVINO_INT8}
+                         ("onnxruntime", "int8"): ONNX_INT8, ("openvino", "int8"): OPENVINO_INT8,
+                         ("openvino", "bf16"): OPENVINO_BF16}
 # where the server stage writes those (relative to its run folder) -> where the bundle keeps them
 SERVER_STAGE_MODELS = {"onnx/model_int8.onnx": ONNX_INT8, "openvino/model_int8.xml": OPENVINO_INT8,
-                       "openvino/model_int8.bin": "server/openvino/model_int8.bin"}
+                       "openvino/model_int8.bin": "server/openvino/model_int8.bin",
+                       "openvino/model_bf16.xml": OPENVINO_BF16, "openvino/model_bf16.bin": "server/openvino/model_bf16.bin"}
 
 
 def server_stage_model(server_dir, export_prefix, kind: str, precision: str):
@@ -56,18 +65,23 @@ def server_stage_model(server_dir, export_prefix, kind: str, precision: str):
         return None
     if precision == "int8":
         return server_dir / ("onnx/model_int8.onnx" if kind == "onnxruntime" else "openvino/model_int8.xml")
+    if (kind, precision) == ("openvino", "bf16") and (server_dir / "openvino" / "model_bf16.xml").is_file():
+        return server_dir / "openvino" / "model_bf16.xml"
     return server_dir / "onnx" / "model.onnx"
 
 
-def serving_model(kind: str, precision: str) -> str:
-    """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference)."""
-    return _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])
+def serving_model(kind: str, precision: str, folder=None) -> str:
+    """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference). With the bundle's
+    folder: a bundle made before OpenVINO bf16 had its own IR serves that row from the ONNX model (what such bundles
+    served, every layer bf16, whatever keep list their row was gated with)."""
+    rel = _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])
+    if folder is not None and rel == OPENVINO_BF16 and not model_exists(Path(folder) / rel):
+        return ONNX_MODEL
+    return rel
 
 
 def model_exists(path) -> bool:
     """A Paddle prefix exists when its .pdmodel does; any other model is one file."""
-    from pathlib import Path
-
     p = Path(path)
     return p.is_file() or Path(str(p) + ".pdmodel").is_file()
 

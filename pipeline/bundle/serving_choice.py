@@ -118,7 +118,7 @@ def _rerank(folder: Path, rec: dict, built: frozenset | None, here: frozenset) -
         return None
     ok = [c for c in rec.get("candidates") or [] if c.get("verdict") in PASSED
           and kernel_refusal(c["precision"], built, here) is None
-          and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"]))]
+          and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"], folder))]
     if rec.get("by") == "throughput":
         ok = [c for c in ok if c.get("throughput_sps")]
         return max(ok, key=lambda c: c["throughput_sps"], default=None)
@@ -187,7 +187,7 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
         chosen = {"engine": kind, "precision": prec, **chosen}
     if chosen.get("cpu"):
         log.warning("%s%s", f"{label}: " if label else "", chosen["cpu"])
-    model = folder / bundle_layout.serving_model(kind, prec)
+    model = folder / bundle_layout.serving_model(kind, prec, folder)
     if not bundle_layout.model_exists(model):
         ref_kind, _ = bundle_layout.reference_of(infer_cfg)
         raise MissingArtifact(f"the bundle has no {prec} model for engine {kind}: {model}",

@@ -118,7 +118,7 @@ def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
                     and c.get("precision") == out["precision"]), {})
         if row.get("speedup_vs_fp32") is not None:
             out["speedup_vs_fp32"] = row["speedup_vs_fp32"]
-    return {**out, "model": serving_model(out["engine"], out["precision"]), "measured_on": measured_on(sub)}
+    return {**out, "model": serving_model(out["engine"], out["precision"], sub), "measured_on": measured_on(sub)}
 
 
 def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None = None, role: str = ""):

@@ -47,7 +47,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     built = built_flags(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
             if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and kernel_refusal(c["precision"], built, here) is None
-            and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"]))]
+            and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
     firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest
     low = sorted(firsts, key=low.index) + [c for c in low if c not in firsts]

@@ -117,7 +117,7 @@ def _other_rows_checks(folder: Path, cfg: dict, x: np.ndarray, expected: np.ndar
     served = (rec.get("engine") or layout.reference_of(cfg)[0], rec.get("precision") or "fp32")
     checks, not_run = [], {}
     for kind, prec in OWN_FILE_ROWS:
-        rel = layout.serving_model(kind, prec)
+        rel = layout.serving_model(kind, prec, folder)
         if (kind, prec) == served or not layout.model_exists(folder / rel):
             continue
         tol = _gate_tolerance(manifest, prec)
