@@ -688,11 +688,19 @@ def _advice_message(q, metric: str, ref_metric: float, ranked: list[dict], res: 
         return (f"checked on the tuning split (calibration lines vs fp32): skipping {len(res['recommended'])} layer(s) "
                 f"keeps the int8 gate's agreement: set server.quant.skip=[{','.join(skip)}] (the validation gate then "
                 "judges it)")
-    tried = ", ".join(str(len(t["skip"])) for t in res["trials"]) or "none"
+    # a trial that raised ends the search (quant.advise): it was not judged, its reason says why (e.g. oneDNN below
+    # AVX2 cannot run a program with a convolution kept fp32 between int8 ones: paddle_infer._BLOCKED_FP32_CAUSE)
+    broken = res["trials"][-1] if res["stopped"] == "error" else None
+    judged = [t for t in res["trials"] if t is not broken]
+    what = f"skipped the top {', '.join(str(len(t['skip'])) for t in judged) or 'none'} of {len(ranked)} ranked layers"
     if res["stopped"] == "budget":
-        tried += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
-    return (f"no skip set recovers the int8 gate on the tuning split (skipped the top {tried} of {len(ranked)} ranked "
-            f"layers; fp32 {metric} {ref_metric:.4f}; most error added by: {top}). Try other "
+        what += f"; stopped at server.quant.sensitivity_budget_s={q.sensitivity_budget_s:g}"
+    if broken:
+        what = (f"{what}; " if judged else "") + (f"skipping the top {len(broken['skip'])} of {len(ranked)} ranked "
+                                                  f"layers could not be judged: {broken['reason']}")
+    lead = "no skip set recovers" if judged or not broken else "no skip set could be checked against"
+    return (f"{lead} the int8 gate on the tuning split ({what}; fp32 {metric} {ref_metric:.4f}; most error added by: "
+            f"{top}). Try other "
             f"calibration: server.quant.algo=mse or abs_max (now {q.algo}), more batches server.quant.batch_nums "
             f"(now {q.batch_nums}); weights are already per-channel (channel_wise_abs_max); else "
             "quantization-aware training (paddleslim QAT), or drop int8 from server.precisions")

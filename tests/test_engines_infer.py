@@ -282,6 +282,35 @@ def test_sensitivity_search_stops_at_its_time_budget():
     assert ok["stopped"] == "passed" and ok["recommended"] == ["w0"]
 
 
+def test_int8_advice_names_a_skip_set_that_could_not_be_judged():
+    """A trial whose program the engine cannot run (Paddle int8 below AVX2 with a convolution kept fp32) ends the
+    search unjudged: the message says so and why, and claims no 'no skip set recovers' it did not check."""
+    from types import SimpleNamespace
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.engines.quant import advise
+    from stages.server import _advice_message
+
+    ranked = [{"layer": f"w{i}", "op": "conv2d", "added_error": 0.1} for i in range(4)]
+    q = SimpleNamespace(skip=[], algo="hist", batch_nums=3, sensitivity_budget_s=60)
+
+    def judge_from(k_bad):
+        def judge(prefix):
+            if prefix == f"q{k_bad}":
+                raise PipelineError("Paddle Inference int8 cannot run q where oneDNN is below AVX2")
+            return {"passed": False}
+        return judge
+
+    first = advise(ranked, lambda s: f"q{len(s)}", judge_from(1), budget_s=10)
+    assert first["stopped"] == "error" and len(first["trials"]) == 1
+    msg = _advice_message(q, "accuracy", 0.9, ranked, first)
+    assert msg.startswith("no skip set could be checked against the int8 gate") and "below AVX2" in msg
+    later = advise(ranked, lambda s: f"q{len(s)}", judge_from(2), budget_s=10)
+    msg = _advice_message(q, "accuracy", 0.9, ranked, later)
+    assert msg.startswith("no skip set recovers") and "skipped the top 1 of 4" in msg
+    assert "skipping the top 2 of 4 ranked layers could not be judged" in msg and "server.quant.algo" in msg
+
+
 def test_int8_speed_vs_fp32_is_recorded_as_time_ratios(tiny):
     from stages.server import speed_vs_fp32
 

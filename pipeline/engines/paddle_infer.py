@@ -25,6 +25,17 @@ from pipeline.engines.program import program_input_shape, program_ops  # noqa: F
 from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# Below AVX2 (a CPU without it, ONEDNN_MAX_CPU_ISA=SSE41 or AVX) oneDNN 3.2's fp32 convolutions have blocked kernels
+# only (jit:sse41/jit:avx, nChw8c); from AVX2 up brgconv runs them in the plain nhwc layout the int8 ops use. A layer an
+# int8 program keeps fp32 (server.quant.skip, or an op type PTQ leaves out) then hands its nChw8c output to the
+# quantize op Paddle puts in front of the next int8 op, and Paddle 2.6.2's quantize kernel builds its int8 output
+# descriptor from the input's strides (ReorderOneDNNHandler::AcquireDstMemory: memory::desc(dims, s8/u8,
+# src_md.get_strides())), which no blocked layout has: oneDNN refuses it. Measured on the smoke CNN (3 convs): skipping
+# conv 2 or 3 fails under SSE41 and AVX, runs under AVX2 and natively; skipping conv 1 (1 input channel: oneDNN's
+# reference kernel, nhwc) runs everywhere.
+_STRIDES_ERROR = "could not construct a memory descriptor using strides"
+_BLOCKED_FP32_CAUSE = ("a convolution the int8 program keeps fp32 writes oneDNN's blocked nChw8c layout there, which "
+                       f"Paddle 2.6.2's quantize op in front of the next int8 op cannot take ('{_STRIDES_ERROR}')")
 _FP16_EMU_SUFFIX = ".fp16emu"       # amp_emulation.SUFFIX
 _BF16_EMU_SUFFIX = ".bf16emu"
 # oneDNN int8 gets conv/pool-like ops only, on every CPU. Paddle 2.6's int8 pass computes fc's per-output-channel
@@ -142,7 +153,7 @@ class InferenceEngine(Engine):
         reference = ir_optim == "reference" and device == "cpu" and precision == "fp32"
         mkldnn = (mkldnn and not plain) or reference
         super().__init__()
-        self.model_prefix = str(model_prefix)
+        self.model_prefix, self.requested_precision = str(model_prefix), precision
         model, params = _files(model_prefix)
         self.input_shape = program_input_shape(model_prefix)
         self.settings = {"threads": int(threads), "mkldnn": mkldnn, "ir_optim": ir_optim, "device": device}
@@ -304,7 +315,14 @@ class InferenceEngine(Engine):
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         self._in.copy_from_cpu(x)       # reshapes the input tensor to x.shape itself (no separate reshape() call)
-        self._predictor.run()
+        try:
+            self._predictor.run()
+        except RuntimeError as e:
+            if self.requested_precision == "int8" and _STRIDES_ERROR in str(e) and capabilities.onednn_below_avx2():
+                raise PipelineError(f"Paddle Inference int8 cannot run {self.model_prefix} where oneDNN is below AVX2: "
+                                    f"{_BLOCKED_FP32_CAUSE}", hint="quantize every convolution (no server.quant.skip) "
+                                    "or run int8 on an AVX2 CPU") from e
+            raise
         return self._out.copy_to_cpu()
 
 
