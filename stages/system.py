@@ -148,9 +148,9 @@ def _fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, _Cha
                 floors=(sc.min_line_accuracy, sc.min_field_accuracy))
     fp32.seconds = round(time.perf_counter() - t0, 2)
     fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
-    fp32.extra["reference"] = {r: k for r, (k, _) in references(subs).items()}
-    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence",
-                        refs=references(subs))
+    refs = references(subs)
+    fp32.extra["reference"] = {r: k for r, (k, _) in refs.items()}
+    return fp32, _Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence", refs=refs)
 
 
 def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate], _Chain]:

@@ -192,7 +192,7 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         scoped = {}
         if weights is not None:     # only these compute nodes; elementwise and other ops stay fp32, as in Paddle's row
-            excluded = excluded_compute_nodes(onnx_file, weights)
+            excluded = excluded_compute_nodes(src, weights)
             scoped = {"nodes_to_exclude": excluded, "op_types_to_quantize": list(COMPUTE_OPS)}
         q = Path(tmp) / out.name
         quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,

@@ -23,9 +23,10 @@ PROB_SUM_ATOL = 0.01
 
 def is_probabilities(outputs: np.ndarray) -> bool:
     """PaddleOCR's exported recognizers end in softmax: every row is in [0, 1] and sums to 1 (to PROB_SUM_ATOL)."""
-    o = np.asarray(outputs, dtype=np.float64)
-    return bool(o.size) and o.min() >= 0.0 and o.max() <= 1.0 + PROB_SUM_ATOL and \
-        bool(np.allclose(o.sum(axis=-1), 1.0, rtol=0.0, atol=PROB_SUM_ATOL))
+    # min/max in the output's own dtype, row sums accumulated in float64: no float64 copy of [N, T, C] per batch
+    o = np.asarray(outputs)
+    return bool(o.size) and float(o.min()) >= 0.0 and float(o.max()) <= 1.0 + PROB_SUM_ATOL and \
+        bool(np.allclose(o.sum(axis=-1, dtype=np.float64), 1.0, rtol=0.0, atol=PROB_SUM_ATOL))
 
 
 def ctc_greedy_decode(logits: np.ndarray, blank: int = BLANK) -> list[list[int]]:

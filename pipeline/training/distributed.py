@@ -175,9 +175,10 @@ def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[st
     not the cause, unless every silent rank was one."""
     logs = {i: log_dir / f"workerlog.{i}" for i in statuses}
     silent = [i for i, s in statuses.items() if s is None or s["status"] == "RUNNING"]
-    victims = {i for i in silent if any(m in _read(logs[i]) for m in (*PEER_LOST, STOPPED))}
+    text = {i: _read(logs[i]) for i in silent}
+    victims = {i for i in silent if any(m in text[i] for m in (*PEER_LOST, STOPPED))}
     if victims and not set(silent) - victims:      # all stopped or cut off: the ones that only lost a peer are victims
-        victims = {i for i in silent if any(m in _read(logs[i]) for m in PEER_LOST)}
+        victims = {i for i in silent if any(m in text[i] for m in PEER_LOST)}
     spoke = [i for i, s in statuses.items() if s is not None and s["status"] not in ("RUNNING", "TERMINATED", "PEER_LOST")
              and s.get("error")]
     codes = {int(m[0]): int(m[1]) for m in re.findall(r"Container rank (\d+) status failed cmd .*? code (-?\d+)",
