@@ -304,13 +304,17 @@ def _time_sets(chain: _Chain, combos: dict, threads: int, start: int = 0) -> dic
 def _choose(ctx, chain: _Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
     """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
     from pipeline.bundle.format import load_infer_config
-    from pipeline.bundle.system_choice import choose_part, part_candidates
+    from pipeline.bundle.system_choice import choose_part, not_admitted, part_candidates
 
     free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
     gates, rows = [], {}
     for r in free:
         sub = chain.subs[r]
-        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, load_infer_config(sub)), threads)
+        cfg = load_infer_config(sub)
+        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg), threads)
+        for x in not_admitted(cfg):
+            log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
+        rows[r] += not_admitted(cfg)
         gates += g
     combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else chain.ref_of(q)
                                                        for q in chain.subs}

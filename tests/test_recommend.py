@@ -53,6 +53,7 @@ def test_screen_gives_every_servable_row_a_verdict():
     assert v["paddle-inference int8"] == "over budget"
     over = {c.row: c for c in cands}["paddle-inference int8"]
     assert "accuracy drop 0.039 > 0.01" in over.detail and "server.recommend.max_metric_drop" in over.detail
+    assert over.agreement == 1.0        # recorded though the drop was over first: the OCR system admits by it
     assert {v[r] for r in ("paddle-inference fp32", "onnxruntime fp32", "openvino fp32", "onnxruntime int8")} == \
         {rec.CANDIDATE}
 

@@ -33,6 +33,19 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
         for c in cfg2["serving"]["candidates"]:
             c["verdict"] = verdict if c["row"] == "openvino bf16" else c["verdict"]
         assert (("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx)) == competes, verdict
+    # an over-budget row competes only if it keeps MIN_LINES_KEPT of its own lines (the share the system keeps):
+    # the v4 recogniser's ORT int8 (agreement 0.875) kept 0.993 synthetic system lines and 28 of 34 real ones
+    bf16 = next(c for c in cfg2["serving"]["candidates"] if c["row"] == "openvino bf16")
+    for agreement, competes in ((0.875, False), (0.9499, False), (0.95, True), (0.977, True), (None, True)):
+        bf16.update(verdict="over budget", agreement=agreement)
+        assert (("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx)) == competes, agreement
+        out = ch.not_admitted(cfg2)
+        assert [(x["engine"], x["precision"], x["verdict"]) for x in out] == \
+            ([] if competes else [("openvino", "bf16", "not admitted")])
+        assert competes or f"agreement {agreement:.3f} < 0.95" in out[0]["detail"]
+    # within the part's own budget (verdict chosen/slower) agreement is >= 0.99 by construction: never asked
+    bf16.update(verdict="slower", agreement=0.5)
+    assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx) and ch.not_admitted(cfg2) == []
     # a CPU without bf16 and VNNI: neither the bf16 row nor the VNNI-gated int8 row competes
     avx2 = _flags("amd_avx2", "", monkeypatch)
     got = ch.part_candidates(sub, cfg, here=avx2)
@@ -113,6 +126,9 @@ def test_the_fastest_row_that_passes_is_chosen_with_its_ratios():
     assert chosen["speedup_vs_fp32"] == 4.0 and chosen["speedup_vs_fastest_fp32"] == 2.0
     assert chosen["chain_speedup_vs_fp32"] == pytest.approx(10 / 7, abs=1e-3)
     assert [r["verdict"] for r in rows] == ["slower", "slower", "chosen", "failed gate"]
+    _, rows = ch.choose_part("detection", _rows() + [{"engine": "onnxruntime", "precision": "int8", "passed": False,
+                                                      "verdict": "not admitted", "detail": "rewrites 12.5 %"}])
+    assert rows[-1]["verdict"] == "not admitted"        # kept out before timing: says so, not "failed gate"
     why = ch.why_chosen("detection", chosen, 8, "paddle-inference int8")
     assert "4.00x paddle-inference fp32" in why and "lines kept 0.970" in why and "paddle-inference int8" in why
 

@@ -64,7 +64,11 @@ def strict_agreement(gate: Gate) -> tuple[str, float] | None:
 
 
 def _budget(c: Candidate, gate: Gate, rc, samples: int | None) -> Candidate:
-    """Metric drop and agreement against the user's limits; the first one over names its key."""
+    """Metric drop and agreement against the user's limits; the first one over names its key. Agreement is recorded
+    even when the drop is over already: the OCR system admits over-budget rows by it (system_choice)."""
+    agree = strict_agreement(gate)
+    if agree is not None:
+        c.agreement = round(agree[1], 6)
     if gate.value is not None and gate.reference is not None:
         drop = metric_check(gate.metric, gate.value, gate.reference, rc.max_metric_drop, samples=samples)
         c.metric_drop = round(float(drop.observed), 6)
@@ -73,12 +77,9 @@ def _budget(c: Candidate, gate: Gate, rc, samples: int | None) -> Candidate:
             c.detail = (f"{gate.metric} drop {drop.observed:.4g} > {drop.limit:.4g} (server.recommend.max_metric_drop"
                         + (f"; {drop.detail}" if drop.detail else "") + ")")
             return c
-    agree = strict_agreement(gate)
-    if agree is not None:
-        c.agreement = round(agree[1], 6)
-        if agree[1] < rc.min_agreement - 1e-12:
-            c.verdict = "over budget"
-            c.detail = f"{agree[0]} {agree[1]:.4g} < {rc.min_agreement:g} (server.recommend.min_agreement)"
+    if agree is not None and agree[1] < rc.min_agreement - 1e-12:
+        c.verdict = "over budget"
+        c.detail = f"{agree[0]} {agree[1]:.4g} < {rc.min_agreement:g} (server.recommend.min_agreement)"
     return c
 
 

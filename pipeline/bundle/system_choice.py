@@ -31,13 +31,28 @@ ROUNDS = 2
 MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
 
 
+def rewrites_too_much(c: dict) -> str | None:
+    """Why an over-budget row may not compete in the system, or None. The system asks MIN_LINES_KEPT of the lines
+    users read to stay identical to the fp32 chain's; a row that rewrites more than that share of its own part's
+    validation lines (strict agreement, the gate's data) cannot be expected to keep it on real pages, whatever the
+    synthetic system pages say (issue 29: the v4 recogniser's ONNX Runtime int8 row, agreement 0.875 on its own
+    lines, kept 0.993 of the synthetic system lines and 28 of 34 real ones). The same bound for every model; rows
+    within server.recommend's budget (agreement >= 0.99) never reach it; detection rows have no agreement."""
+    a = c.get("agreement")
+    if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12:
+        return None
+    return (f"over budget and rewrites {1 - a:.1%} of its own validation lines (agreement {a:.3f} < "
+            f"{MIN_LINES_KEPT:g}, the share of lines the system keeps): does not compete")
+
+
 def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
                     max_low: int = MAX_LOW) -> list[tuple[str, str]]:
     """(engine, precision) rows of one part that may compete: the fp32 chain's row (the part's reference), the part's
     recommendation as
     this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
     its bundle (verdict chosen / slower / not faster: "not faster" was timed on the part's fixed-shape inputs, and
-    is timed again here; over budget: judged by the system gates instead of the part's budget), each engine's
+    is timed again here; over budget: judged by the system gates instead of the part's budget, unless it rewrites
+    more of its own lines than the system may lose: rewrites_too_much), each engine's
     fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags
     from pipeline.bundle import reference
@@ -46,7 +61,8 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     here = cpu_flags() if here is None else here
     built = built_flags(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
-            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and kernel_refusal(c["precision"], built, here) is None
+            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c) is None
+            and kernel_refusal(c["precision"], built, here) is None
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
     firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest
@@ -56,6 +72,18 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
                                                            if c["precision"] == "fp32"]
     pairs += [(c["engine"], c["precision"]) for c in low[:max_low]]
     return list(dict.fromkeys(pairs))
+
+
+def not_admitted(infer_cfg: dict) -> list[dict]:
+    """Rows kept out of the system's choice by rewrites_too_much, as choice rows with their reason (reported in the
+    bundle's served.<part>.candidates, never timed)."""
+    out = []
+    for c in (infer_cfg.get("serving") or {}).get("candidates") or []:
+        why = rewrites_too_much(c)
+        if why:
+            out.append({"engine": c["engine"], "precision": c["precision"], "passed": False, "verdict": "not admitted",
+                        "lines_kept": None, "detail": why})
+    return out
 
 
 class Timed:
@@ -136,7 +164,7 @@ def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_RE
     fp32 = min((r for r in ok if r["precision"] == "fp32"), key=lambda r: r["part_s"])
     out = []
     for r in rows:
-        v = "chosen" if r is best else ("slower" if r in ok else "failed gate")
+        v = "chosen" if r is best else ("slower" if r in ok else r.get("verdict") or "failed gate")
         d = {**r, "verdict": v}
         if r.get("part_s"):
             d["speedup_vs_fp32"] = round(ref["part_s"] / r["part_s"], 3)
