@@ -29,8 +29,8 @@ import tuning_split  # noqa: E402  (scripts/tuning_split.py)
 
 def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int, split=None) -> dict:
     from pipeline.core.config import Tolerance
+    from pipeline.core.gates import judge_try
     from pipeline.engines.paddle_infer import InferenceEngine, make_fp16_emulated
-    from pipeline.core.gates import Gate, evaluate_tol
     from pipeline.tasks.reference import load_reference
 
     cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
@@ -41,20 +41,14 @@ def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int, s
     info = make_fp16_emulated(ref.model_prefix, emu, "fp16", keep_fp32_ops=keep)
     x, ref_out, labels = split if split is not None else (ref.inputs, ref.outputs, ref.labels)
     out = InferenceEngine(emu, "fp16", threads=threads).run_batched(x, batch)
-    metric = (lambda o: task.metrics(o, labels)[task.primary_metric]) if labels is not None else (lambda o: None)
-    value, ref_value = metric(out), metric(ref_out)
-    gate = evaluate_tol(Gate("server", "fp16 try", "fp16", "fp16-emulated", task.primary_metric,
-                             reference=ref_value), out, ref_out, tol, value, task, key="server.gates.fp16",
-                        labels=labels)
-    name, share, strict = task.agreement(out, ref_out, None)
-    changed = int(round((1 - strict) * len(out)))
-    return {"keep": ",".join(keep) or "(default black list)", "status": gate.status, "agreement": share,
-            "strict": strict, "changed": changed, "n": len(out),
-            "drop": ref_value - value if value is not None else float("nan"),
-            "lost": "%d/%d" % task.correct_lost(out, ref_out, labels) if labels is not None else "-",
+    r = judge_try(task, tol, out, ref_out, labels, "fp16", key="server.gates.fp16", effective="fp16-emulated")
+    return {"keep": ",".join(keep) or "(default black list)", "status": r["status"], "agreement": r["agreement"],
+            "strict": r["strict"], "changed": int(round((1 - r["strict"]) * len(out))), "n": len(out),
+            "drop": r["drop"] if r["drop"] is not None else float("nan"),
+            "lost": f"{r['lost']}/{r['of']}" if r["lost"] is not None else "-",
             "max_abs": float(np.abs(out.astype(np.float64) - ref_out).max()),
             "casts": info["casts_inserted"], "absent": info["fp32_ops_user_absent"],
-            "seconds": round(time.perf_counter() - t0, 1), "reason": gate.reason}
+            "seconds": round(time.perf_counter() - t0, 1), "reason": r["reason"]}
 
 
 def main() -> int:

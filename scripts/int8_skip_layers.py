@@ -27,18 +27,12 @@ import tuning_split  # noqa: E402  (scripts/tuning_split.py)
 
 
 def judge(task, tol, prefix: str, x, ref_out, labels, batch: int, threads: int) -> dict:
-    from pipeline.core.gates import Gate, evaluate_tol
+    from pipeline.core.gates import judge_try
     from pipeline.engines.paddle_infer import InferenceEngine
 
     out = InferenceEngine(prefix, "int8", threads=threads).run_batched(x, batch)
-    m = task.primary_metric
-    value, ref_value = task.metrics(out, labels)[m], task.metrics(ref_out, labels)[m]
-    gate = evaluate_tol(Gate("server", "int8 try", "int8", "int8", m, reference=ref_value), out, ref_out, tol,
-                        value, task, key="server.gates.int8", labels=labels)
-    lost, of = task.correct_lost(out, ref_out, labels)
-    _, share, _ = task.agreement(out, ref_out, None)
-    return {"status": gate.status, "lost": f"{lost}/{of}", "drop": ref_value - value, "agreement": share,
-            "metric": value, "ref": ref_value, "reason": gate.reason}
+    r = judge_try(task, tol, out, ref_out, labels, "int8", key="server.gates.int8")
+    return {**r, "lost": f"{r['lost']}/{r['of']}"}
 
 
 def main() -> int:

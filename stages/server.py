@@ -629,19 +629,16 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", 
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 
-def _int8_judge(ctx, task, x, ref_out, labels, ref_metric, tol, common, precision: str = "int8"):
+def _int8_judge(ctx, task, x, ref_out, labels, tol, common, precision: str = "int8"):
     """prefix -> the int8 gate's verdict on that quantized program, run as `precision` ("fp32": the fake-quant
     program simulated in fp32, i.e. what the calibration alone gives)."""
+    from pipeline.core.gates import judge_try
     from pipeline.engines import paddle_infer as pi
-
-    metric = task.primary_metric
 
     def judge(p: str) -> dict:
         out = pi.InferenceEngine(p, precision, **common).run_batched(x, ctx.batches["gate"])
-        value = None if labels is None else task.metrics(out, labels)[metric] if np.isfinite(out).all() else float("nan")
-        g = evaluate_tol(Gate("server", "int8 try", "int8", "int8", metric, reference=ref_metric), out, ref_out,
-                         tol, value, task, key="server.gates.int8")
-        return {"passed": g.status == "OK", metric: value, "reason": g.reason}
+        r = judge_try(task, tol, out, ref_out, labels, "int8", key="server.gates.int8")
+        return {"passed": r["passed"], task.primary_metric: r["metric"], "reason": r["reason"]}
     return judge
 
 
@@ -658,7 +655,7 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
     q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
     tune = calib[:len(x)]
     tune_ref = pi.InferenceEngine(prefix, "fp32", **common).run_batched(tune, ctx.batches["gate"])
-    args = (ctx, task, tune, tune_ref, None, None, tol, common)
+    args = (ctx, task, tune, tune_ref, None, tol, common)
     sim = _int8_judge(*args, precision="fp32")(qprefix)
     if sim["passed"]:
         msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes on the tuning split, so the loss is in Paddle Inference's oneDNN int8 path "

@@ -97,6 +97,34 @@ def test_text_agreement_for_ctc_outputs():
     assert RecognitionTask().agreement(cand, ref, band=5.0)[1:] == (1.0, 0.5)    # ref scores class 2 at 0 vs 5: a tie within 5
 
 
+def test_judge_try_gives_a_keep_list_trial_its_gate_verdict_with_and_without_labels():
+    """One judge for every keep/skip trial (server int8 advice, int8_skip_layers, fp16_keep_ops): the gate's status,
+    the metric and its drop and the correct lines lost with labels; agreement alone without."""
+    from pipeline.core.config import Tolerance
+    from pipeline.core.gates import judge_try
+    from pipeline.tasks.recognition import RecognitionTask
+
+    # 8 CTC lines of 4 steps over 3 classes (0 = blank): line i reads class 1 + (i % 2)
+    ref = np.zeros((8, 4, 3), np.float32)
+    for i in range(8):
+        ref[i, :, 1 + i % 2] = 5.0
+    labels = np.array([[1 + i % 2, -1] for i in range(7)] + [[1, 1]])       # fp32 reads 7 of 8
+    cand = ref.copy()
+    cand[[0, 2], 1, 0] = 9.0                  # a blank inside: lines 0 and 2 decode "1 1", no longer right
+    tol = Tolerance(atol=10.0, metric_delta=0.2, min_agreement=0.8, max_correct_lost=0.05)
+    task = RecognitionTask()
+    r = judge_try(task, tol, cand, ref, labels, "int8", key="server.gates.int8")
+    assert (r["lost"], r["of"]) == (2, 7) and r["strict"] == 0.75 and r["drop"] == 0.25
+    assert not r["passed"] and "server.gates.int8.max_correct_lost" in r["reason"]
+    r = judge_try(task, tol, cand, ref, None, "int8", key="server.gates.int8")
+    # without labels the elementwise bound and agreement judge (the gate counts ties within atol 10: passes)
+    assert r["passed"] and r["metric"] is None and r["lost"] is None and r["agreement"] == r["strict"] == 0.75
+    bad = cand.copy()
+    bad[0, 0, 0] = np.nan
+    r = judge_try(task, tol, bad, ref, labels, "int8", key="server.gates.int8")
+    assert not r["passed"] and r["agreement"] is None and "finite" in r["reason"]
+
+
 def test_engine_exception_becomes_fail_row_with_evidence(tmp_path):
     from pipeline.core.gates import crashed
 

@@ -279,6 +279,30 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
     return _note_same_decoding(gate)
 
 
+def judge_try(task, tol, out: np.ndarray, ref_out: np.ndarray, labels: np.ndarray | None, precision: str,
+              key: str, effective: str | None = None) -> dict:
+    """One trial of a keep/skip list (the server stage's int8 advice, scripts/int8_skip_layers.py,
+    scripts/fp16_keep_ops.py): the gate `key` judges `out` against fp32's `ref_out`, labels when there are any
+    (metric, drop, correct lines lost). -> {passed, status, reason, metric, ref, drop, lost, of, agreement, strict}
+    (None where the task or the labels do not give one)."""
+    from pipeline.tasks.base import has_labels
+
+    m = task.primary_metric
+    with_labels = labels is not None and has_labels(labels)
+    finite = bool(np.isfinite(out).all())
+    value = task.metrics(out, labels)[m] if with_labels and finite else (float("nan") if with_labels else None)
+    ref = task.metrics(ref_out, labels)[m] if with_labels else None
+    g = evaluate_tol(Gate("server", f"{precision} try", precision, effective or precision, m, reference=ref), out,
+                     ref_out, tol, value, task, key=key, labels=labels if with_labels else None)
+    lost = task.correct_lost(out, ref_out, labels) if with_labels and hasattr(task, "correct_lost") else (None, None)
+    share = strict = None
+    if finite and hasattr(task, "agreement"):
+        _, share, strict = task.agreement(out, ref_out, None)
+    return {"passed": g.status == OK, "status": g.status, "reason": g.reason, "metric": value, "ref": ref,
+            "drop": ref - value if value is not None and ref is not None else None, "lost": lost[0], "of": lost[1],
+            "agreement": share, "strict": strict}
+
+
 PROB_SLACK = 0.01     # rounding of p ~ 0 or 1 (bf16 has 8 bits of mantissa); a logit is almost never in [0, 1]
 
 
