@@ -128,6 +128,8 @@ def run(ctx: StageContext) -> StageResult:
     x, prefix = ref.inputs, ref.model_prefix
     with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
+        # the tuning split's labels (runs trained before they were saved: None, judged without labels)
+        ctx.calib_labels = z["labels"] if "labels" in z.files else None
     onnx_model = _imported_onnx(ref)
     ctx.batches = batch_sizes(cfg, prefix, x) if onnx_model is None else _onnx_batch_sizes(cfg, onnx_model, x)
     log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
@@ -648,14 +650,16 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
     layers from one calibrated pass, re-quantize with the top ones skipped, judge each try with the int8
     gate itself; the advice printed is one that was checked (or a plain 'none recovers').
     Ranking and trials run on the TUNING split (calibration lines, training set), judged against fp32's outputs
-    there by the gate's agreement and elementwise bounds: the validation slice stays the gate's alone (issue 31)."""
+    there by the int8 gate, labels included (correct lines lost, metric drop) when calib.npz holds them: the
+    validation slice stays the gate's alone (issue 31)."""
     from pipeline.engines import paddle_infer as pi
     from pipeline.engines import quant
 
     q, metric, t0 = ctx.cfg.server.quant, task.primary_metric, time.perf_counter()
     tune = calib[:len(x)]
     tune_ref = pi.InferenceEngine(prefix, "fp32", **common).run_batched(tune, ctx.batches["gate"])
-    args = (ctx, task, tune, tune_ref, None, tol, common)
+    tune_labels = getattr(ctx, "calib_labels", None)
+    args = (ctx, task, tune, tune_ref, None if tune_labels is None else tune_labels[:len(tune)], tol, common)
     sim = _int8_judge(*args, precision="fp32")(qprefix)
     if sim["passed"]:
         msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes on the tuning split, so the loss is in Paddle Inference's oneDNN int8 path "

@@ -306,7 +306,8 @@ def metric_gate(cfg, subject: str, metric: str, value, requested: str, effective
 
 
 def write_reference(ctx, task, model, ds, spec, forward=None):
-    """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (INT8 calibration inputs).
+    """val_slice.npz (inputs, images, labels, fp32 outputs) and calib.npz (the tuning split: INT8 calibration
+    inputs and their labels, so keep/skip lists are judged by the whole gate there, lines lost included).
     forward(x) -> outputs replaces the dygraph model's (an import's reference engine)."""
     from pipeline.training.loop import predict
 
@@ -323,7 +324,7 @@ def write_reference(ctx, task, model, ds, spec, forward=None):
     # calibration samples for INT8 (PTQ) come from the training set, never from validation
     n_cal = min(len(ds.train.labels), 512)
     buf = io.BytesIO()
-    np.savez(buf, inputs=to_tensor(ds.train.images[:n_cal], spec))
+    np.savez(buf, inputs=to_tensor(ds.train.images[:n_cal], spec), labels=ds.train.labels[:n_cal])
     atomic_write_bytes(ctx.out_dir / "calib.npz", buf.getvalue())
     return val_x, val_out, task.metrics(val_out, ds.val.labels), k
 

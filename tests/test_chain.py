@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.core import capabilities as caps
@@ -132,6 +133,11 @@ def test_int8_failure_ranks_sensitive_layers(smoke_run):
     # atol 1e-9 cannot be met by any skip set: the advice was checked and says so, with what else to try
     assert advice["recommended"] is None and advice["trials"] and not any(t["passed"] for t in advice["trials"])
     assert "server.quant.algo" in int8["reason"]
+    # the trials are judged on the tuning split WITH its labels (train/calib.npz keeps them): the metric is measured
+    with np.load(run_dir / "train" / "calib.npz") as z:
+        assert len(z["labels"]) == len(z["inputs"])
+    judged = [t for t in advice["trials"] if "where oneDNN is below AVX2" not in t["reason"]]
+    assert all(isinstance(t["accuracy"], float) for t in judged), judged
     # below AVX2 oneDNN cannot run int8 with a convolution kept fp32 between int8 ones (paddle_infer._BLOCKED_FP32_CAUSE):
     # such a trial is recorded unjudged with that reason and ends the search; elsewhere every trial is judged
     unjudged = [t for t in advice["trials"] if "where oneDNN is below AVX2" in t["reason"]]
