@@ -24,7 +24,7 @@ export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
-        bench-batching fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6
+        bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6
 
 setup: $(STAMP)
 
@@ -166,6 +166,14 @@ bench-ocr: $(STAMP) $(RAPID3_STAMP)
 	@b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
 	  echo "$(PY) scripts/bench_ocr.py $${b:+--bundle $$b} --rapid3-python $(RAPID3_VENV)/bin/python"; \
 	  $(PY) scripts/bench_ocr.py $${b:+--bundle "$$b"} --rapid3-python $(RAPID3_VENV)/bin/python
+
+# Each low-precision row of a bundle vs its own engine's fp32, interleaved, batch 1 and BATCH (8), 1 thread (issue 29:
+# the recogniser's bf16 >= 1.4x fp32 at batch 8). BUNDLE=path (default: the newest bundles/ppocr_v4_system-*),
+# PART=recognition|detection|classifier for a system bundle.
+PART ?= recognition
+BATCH ?= 8
+bench-lowprec: $(STAMP)
+	$(PY) scripts/bench_lowprec.py $(if $(BUNDLE),--bundle "$(BUNDLE)") --part $(PART) --batch $(BATCH)
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.bundle import serving_choice as sc
@@ -180,6 +181,27 @@ def test_bench_ocr_targets_follow_the_cpu():
     got = {what.split(" (")[0]: (lim, ok) for what, _, lim, ok in
            bench.targets({**res, "cpu": {"avx512": False, "bf16": False}})}
     assert got["ours / RapidOCR 1.4.4 pages/s"] == (1.2, True) and not any("as shipped" in w for w in got)
+
+
+def test_bench_lowprec_times_each_passed_bundled_row_this_cpu_runs(tmp_path, monkeypatch):
+    """`make bench-lowprec` pairs each low-precision row that passed and is bundled with its engine's fp32; a row
+    whose kernels this CPU does not run (bf16 measured on AMX, here AVX2) is listed as not run, with the reason."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_lowprec", Path(__file__).resolve().parent.parent / "scripts"
+                                                  / "bench_lowprec.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    amx = _flags("intel_amx", "", monkeypatch)
+    sub, cfg = _bundle(tmp_path, amx)
+    cands = cfg["serving"]["candidates"]
+    next(c for c in cands if c["row"] == "onnxruntime int8")["verdict"] = "failed gate"
+    got = {(k, p): why for k, p, why in bench.low_rows(sub, cfg, amx)}
+    assert got == {("openvino", "bf16"): None}          # fp32 rows are the baselines, a failed row is not timed
+    avx2 = _flags("amd_avx2", "", monkeypatch)
+    why = bench.low_rows(sub, cfg, avx2)[0][2]
+    assert "lacks avx512_bf16/amx_bf16" in why
+    assert bench.batch_of(np.zeros((3, 2)), 8).shape == (8, 2) and bench.batch_of(np.zeros((3, 2)), 2).shape == (3, 2)
 
 
 def test_the_system_runs_a_part_in_bf16_only_where_its_own_bf16_row_passed(tmp_path):

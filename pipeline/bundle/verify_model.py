@@ -23,7 +23,8 @@ from pipeline.data.preprocess import decode_image_bytes, to_tensor
 LEGACY_SAMPLE_CHECK = {"atol": 1e-4, "rtol": 0.0, "prob_atol": 1e-3}
 
 
-def _samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+def load_samples(folder: Path, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, expected fp32 outputs) of the bundle's samples, read through the path `serve` uses for uploads."""
     try:
         with np.load(folder / layout.SAMPLES_EXPECTED, allow_pickle=False) as z:
             files, expected = [str(f) for f in z["files"]], z["outputs"]
@@ -136,7 +137,7 @@ def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, ma
     dict (no exception for a failed check)."""
     manifest = manifest if manifest is not None else verify_hashes(folder)
     cfg = load_infer_config(folder)
-    x, expected = _samples(folder, cfg)
+    x, expected = load_samples(folder, cfg)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise
     for name, make in _engines(folder, cfg, timeout, threads).items():
         checks += _checks(name, make().run(x), expected, cfg)
