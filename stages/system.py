@@ -28,7 +28,7 @@ from pipeline.bundle.format import FORMAT_VERSION, write_archive
 from pipeline.core.composite import part_configs
 from pipeline.core.config import ROOT
 from pipeline.core.errors import ConfigError
-from pipeline.core.gates import FAIL, OK, Check, Gate, metric_check, run_row, skipped
+from pipeline.core.gates import FAIL, OK, Check, Gate, apply_role, metric_check, run_row, skipped
 from pipeline.core.runner import Stage, StageContext, StageResult
 
 log = logging.getLogger("pipeline")
@@ -177,8 +177,8 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
             gates.append(skipped("system", subject, prec, METRIC, why))
             continue
         pick = (lambda b: b / layout.FP32_PREFIX) if prec == "bf16" else (lambda b, p=prec: model_prefix(b, p))
-        gates.append(_pair_row(chain, subject, prec, lambda r, b, p=prec, f=pick: paddle_engine(f(b), p, threads),
-                               sc.gates[prec]))
+        g = _pair_row(chain, subject, prec, lambda r, b, p=prec, f=pick: paddle_engine(f(b), p, threads), sc.gates[prec])
+        gates.append(apply_role(g, _system_role(subs, subject)))
     gates += _other_engine_rows(ctx, chain, threads)
     if sc.engine == "auto":
         gates += _served_rows(ctx, chain, threads)
@@ -194,12 +194,25 @@ def _engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate
     return gates, chain
 
 
-def _part_passed(sub: Path, subject: str) -> bool:
-    """Whether a part's bundle records that server row (e.g. "paddle-inference bf16") as passed."""
+def _part_rows(sub: Path, subject: str) -> list[dict]:
+    """A part's bundle's server rows of that subject (e.g. "paddle-inference bf16")."""
     from pipeline.core.artifacts import load_manifest
 
     gates = (load_manifest(sub) or {}).get("gates") or []      # a missing or unreadable manifest: None
-    return any(g.get("subject") == subject and g.get("status") == OK for g in gates)
+    return [g for g in gates if g.get("subject") == subject and g.get("stage", "server") == "server"]
+
+
+def _part_passed(sub: Path, subject: str) -> bool:
+    """Whether a part's bundle records that server row (e.g. "paddle-inference bf16") as passed."""
+    return any(g.get("status") == OK for g in _part_rows(sub, subject))
+
+
+def _system_role(subs: dict, subject: str) -> str:
+    """The role of the system row that runs every part on `subject`: a candidate when any part's own row of that
+    subject is one (server.roles in its config: the config asked for it only as a serving candidate, issue 29), so
+    it is gated and reported, and EXCLUDED instead of failing the run; else required."""
+    roles = {(g.get("extra") or {}).get("role", "required") for b in subs.values() for g in _part_rows(b, subject)}
+    return "candidate" if "candidate" in roles else "required"
 
 
 def _other_engine_rows(ctx, chain: _Chain, threads: int) -> list[Gate]:
@@ -269,7 +282,6 @@ def _combo_row(ctx, chain: _Chain, subject: str, combo: dict, threads: int) -> G
 def _judge_part(ctx, chain: _Chain, role: str, pairs: list, threads: int) -> tuple[list[Gate], list[dict]]:
     """Each candidate row of one part, the other parts on the fp32 chain's rows: its system gate (EXCLUDED, not
     FAIL, when it misses: a candidate that does not serve)."""
-    from pipeline.core.gates import apply_role
 
     gates, rows = [], []
     for kind, prec in pairs:
