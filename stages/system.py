@@ -282,7 +282,6 @@ def _combo_row(ctx, chain: _Chain, subject: str, combo: dict, threads: int) -> G
 def _judge_part(ctx, chain: _Chain, role: str, pairs: list, threads: int) -> tuple[list[Gate], list[dict]]:
     """Each candidate row of one part, the other parts on the fp32 chain's rows: its system gate (EXCLUDED, not
     FAIL, when it misses: a candidate that does not serve)."""
-
     gates, rows = [], []
     for kind, prec in pairs:
         if (kind, prec) == chain.ref_of(role):
@@ -324,9 +323,10 @@ def _choose(ctx, chain: _Chain, served: dict, threads: int) -> tuple[list[Gate],
         sub = chain.subs[r]
         cfg = load_infer_config(sub)
         g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg), threads)
-        for x in not_admitted(cfg):
+        kept_out = not_admitted(cfg)
+        for x in kept_out:
             log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
-        rows[r] += not_admitted(cfg)
+        rows[r] += kept_out
         gates += g
     combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else chain.ref_of(q)
                                                        for q in chain.subs}
