@@ -24,7 +24,7 @@ export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
-        bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6
+        bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6 bench-ocr-all
 
 setup: $(STAMP)
 
@@ -174,6 +174,18 @@ PART ?= recognition
 BATCH ?= 8
 bench-lowprec: $(STAMP)
 	$(PY) scripts/bench_lowprec.py $(if $(BUNDLE),--bundle "$(BUNDLE)") --part $(PART) --batch $(BATCH)
+
+# issue 32: the v4, v5 and v6 systems, each as served from its newest bundle (or BUNDLES="a b c"), side by side with
+# RapidOCR 3.10 on its own v6 small models (as shipped on ONNX Runtime, OpenVINO f32 forced, OpenVINO as shipped);
+# exit 1 when the served v5 system is under 1.0x RapidOCR 3.10 as shipped or misses a known text v4 reads.
+bench-ocr-all: $(STAMP) $(RAPID3_STAMP)
+	@bs="$(BUNDLES)"; if [ -z "$$bs" ]; then for v in v4 v5 v6; do \
+	  b="$$(ls -td bundles/ppocr_$${v}_system-*/ 2>/dev/null | head -n1)"; \
+	  if [ -n "$$b" ]; then bs="$$bs $${b%/}"; else h=real-ocr-$$v; [ $$v = v4 ] && h=real-ocr; \
+	    echo "no bundles/ppocr_$${v}_system-*: left out (make $$h builds it)"; fi; \
+	  done; fi; args=""; for b in $$bs; do args="$$args --bundle $$b"; done; \
+	  echo "$(PY) scripts/bench_ocr_all.py$$args --rapid3-python $(RAPID3_VENV)/bin/python $${JSON:+--json $$JSON}"; \
+	  $(PY) scripts/bench_ocr_all.py $$args --rapid3-python $(RAPID3_VENV)/bin/python $${JSON:+--json "$$JSON"}
 
 clean:
 	rm -rf runs bundles .cache .pytest_cache log

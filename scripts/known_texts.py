@@ -3,7 +3,7 @@
 The models as the chain imports them, each run by ONNX Runtime fp32 (a v4 `.pdmodel` and a translated v5 PIR
 export through paddle2onnx, a v6 `.onnx` as it is), with the v4 mobile classifier, the config's detection and flow
 settings, and any overrides: `python scripts/known_texts.py configs/ppocr_v5_system.yaml -d box_thresh=0.5`.
-Prints each image's lines and the count of known texts read (scripts/bench_ocr.py's KNOWN and matching).
+Prints each image's lines and the count of known texts read (scripts/ocr_peers.py's KNOWN and matching).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _onnx_of(model_cfg: dict, work: Path, role: str) -> Path:
 
 
 def main() -> int:
-    from bench_ocr import CROPS, IMAGES, KNOWN, _known, _pages
+    from ocr_peers import CROPS, IMAGES, KNOWN, known as _known, pages as _pages
 
     from pipeline.core.config import load_config
     from pipeline.engines import registry

@@ -1,0 +1,217 @@
+"""The systems and scoring `make bench-ocr` (scripts/bench_ocr.py) and `make bench-ocr-all`
+(scripts/bench_ocr_all.py) share: the real pages, GT.tsv's known texts, our served system, the RapidOCR peers,
+the interleaved timing and the line agreement.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import pipeline  # noqa: E402,F401  (zlib before paddle)
+from pipeline.core.errors import PipelineError  # noqa: E402
+
+IMAGES = ROOT / "tests" / "data" / "real_images"
+# GT.tsv's "known text" column as checks (its prose: "first line X", "first 3 lines: a | b | c", "180 / X");
+# latin.jpg's assertion in RapidOCR's tests is a prefix (its GT line has a typo), en_rec.jpg's spaces are
+# not asserted there either: known texts are compared without spaces.
+KNOWN = {"black_font_color_transparent.png": ["我是中国人"], "ch_en_num.jpg": ["正品促销", "大桶装更划算", "强力去污符合国标"],
+         "en_rec.jpg": ["To facilitate the shot type analysis in videos"], "issue_170.png": ["TEST"],
+         "latin.jpg": ["Alphabetum in mundo hodie"], "return_word_debug.jpg": ["3F1"],
+         "test_without_det.jpg": ["在中国作家协会第三届儿童文学"], "text_cls.jpg": ["怪我咯"], "text_rec.jpg": ["韩国小馆"]}
+# README.md of the images: crops meant for recognition alone (RapidOCR's tests read them with use_det=False)
+CROPS = ("en_rec.jpg", "test_without_det.jpg", "text_cls.jpg", "text_rec.jpg")
+RAPID3_MODES = {"onnxruntime": "ONNX Runtime (as shipped)", "openvino-f32": "OpenVINO, f32 forced",
+                "openvino": "OpenVINO as shipped"}
+
+
+def pages(folder: Path) -> dict[str, np.ndarray]:
+    from pipeline.ocr.pages import decode_page
+
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    if not files:
+        raise PipelineError(f"no .png/.jpg images in {folder}")
+    return {p.name: decode_page(p.read_bytes()) for p in files}
+
+
+class Ours:
+    """The served system: read_pages on the configured engines, and the crop flow (cls + rec) for crops."""
+
+    def __init__(self, args):
+        from pipeline.tasks import ppocr_system
+
+        if args.bundle:
+            from pipeline.bundle.system import served_system
+            if not Path(args.bundle).is_dir():
+                raise PipelineError(f"no system bundle at {args.bundle}", hint="make real-ocr (or real-ocr-v5/-v6)")
+            self.det, self.rec, self.cls, self.spec = served_system(Path(args.bundle), threads=1, kind=args.engine)
+            self._pin(Path(args.bundle), args.pin or [])
+        else:
+            from pipeline.core.config import load_config
+            from pipeline.ocr.ppocr_models import fetch
+
+            sys_cfg = load_config([ROOT / args.config])
+            det_cfg = load_config([ROOT / sys_cfg.system.detection])
+            models = fetch()
+            self.spec = ppocr_system.spec_from_configs(det_cfg, sys_cfg, models["keys"])
+            self.det, self.rec, self.cls = ppocr_system.engines(models, args.engine or sys_cfg.system.engine, 1,
+                                                                ROOT / ".cache" / "ppocr" / "onnx")
+        self.engine = self.det.kind
+        self.label = "ours, " + ", ".join(f"{r[:3]} {p['engine']} {p.get('effective_precision', p['precision'])}"
+                                          for r, p in self.served().items())
+
+    def _pin(self, bundle: Path, pins: list[str]) -> None:
+        """--pin part="engine precision": that part on a row chosen by hand (as system.pin would serve it)."""
+        from pipeline.bundle.format import load_infer_config
+        from pipeline.bundle.system import served_engine, sub_bundle
+
+        attr = {"detection": "det", "recognition": "rec", "classifier": "cls"}
+        for pin in pins:
+            role, _, row = pin.partition("=")
+            if role not in attr or len(row.split()) != 2:
+                raise PipelineError(f"--pin {pin!r}: expected part=\"engine precision\", part one of {', '.join(attr)}")
+            engine, prec = row.split()
+            part = {"by": "pinned (--pin)", "engine": engine, "precision": prec, "why": f"--pin {pin}"}
+            getattr(self, attr[role]).close()
+            setattr(self, attr[role], served_engine(sub_bundle(bundle, load_infer_config(bundle), role), 1, "auto",
+                                                    part, role))
+
+    def page(self, img: np.ndarray) -> tuple[list[tuple[list, str]], float]:
+        from pipeline.ocr.system import read_pages
+
+        t0 = time.perf_counter()
+        lines = read_pages([img], self.det, self.rec, self.spec, cls=self.cls)[0]
+        return [(ln["box"], ln["text"]) for ln in lines], time.perf_counter() - t0
+
+    def served(self) -> dict:
+        """Per part: the engine and precision that run, and why (the bundle's choice as this CPU runs it)."""
+        parts = {"detection": self.det, "recognition": self.rec, "classifier": self.cls}
+        return {r: getattr(e, "serving", None) or {"engine": e.kind, "precision": e.effective_precision,
+                                                   "effective_precision": e.effective_precision, "why": "--engine"}
+                for r, e in parts.items() if e is not None}
+
+    def crop(self, img: np.ndarray) -> list[str]:
+        from pipeline.ocr.system import read_crops
+
+        return read_crops([img], self.rec, self.spec, self.cls)
+
+    def close(self) -> None:
+        for e in (self.det, self.rec, self.cls):
+            if e is not None:
+                e.close()
+
+
+class Rapid:
+    """RapidOCR 1.4.4 (ONNX Runtime, fp32): the fp32 reference whose lines every system is compared with."""
+
+    label = "RapidOCR 1.4.4, ONNX Runtime fp32"
+
+    def __init__(self):
+        from rapidocr_onnxruntime import RapidOCR
+
+        self.ocr = RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)
+
+    def page(self, img: np.ndarray) -> tuple[list, float]:
+        t0 = time.perf_counter()
+        res, _ = self.ocr(img)
+        return [(r[0], r[1]) for r in (res or [])], time.perf_counter() - t0
+
+    def crop(self, img: np.ndarray) -> list[str]:
+        res, _ = self.ocr(img, use_det=False, use_cls=True, use_rec=True)
+        return [r[0] for r in (res or [])]
+
+
+def rapid_models() -> dict:
+    """RapidOCR 1.4.4's own PP-OCRv4 det, mobile cls and v4 rec ONNX files: the models both RapidOCRs read."""
+    import rapidocr_onnxruntime
+
+    m = Path(rapidocr_onnxruntime.__file__).parent / "models"
+    return {"det": m / "ch_PP-OCRv4_det_infer.onnx", "cls": m / "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+            "rec": m / "ch_PP-OCRv4_rec_infer.onnx", "keys": ROOT / ".cache" / "ppocr" / "ppocr_keys_v1.txt"}
+
+
+class Rapid3Worker:
+    """RapidOCR 3.10 in its own venv (scripts/rapidocr3_worker.py): pages go over a pipe, the worker times the OCR
+    call alone, so the pipe is not in the figure. models: {det, cls, rec, keys} files, or None for RapidOCR 3.10's
+    own (as shipped: PP-OCRv6 small det/rec, mobile v2 cls)."""
+
+    def __init__(self, python: str, modes: tuple[str, ...], models: dict | None = None):
+        import pickle
+        import subprocess
+
+        if not Path(python).is_file():
+            raise PipelineError(f"no RapidOCR 3.10 venv at {python}", hint="make rapidocr3-venv")
+        files = [a for k in ("det", "cls", "rec", "keys") for a in (f"--{k}", str(models[k]))] if models else []
+        self._pickle = pickle
+        self.proc = subprocess.Popen([python, str(ROOT / "scripts" / "rapidocr3_worker.py"), "--modes",
+                                      ",".join(modes), *files], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        status, self.info = self._read()
+        if status != "ready":
+            raise PipelineError(f"RapidOCR 3.10 worker did not start: {self.info}")
+
+    def _read(self):
+        try:
+            return self._pickle.load(self.proc.stdout)
+        except EOFError:
+            raise PipelineError(f"RapidOCR 3.10 worker exited ({self.proc.wait()}); its stderr says why") from None
+
+    def call(self, what: str, mode: str, img: np.ndarray):
+        self._pickle.dump((what, mode, img), self.proc.stdin)
+        self.proc.stdin.flush()
+        status, res = self._read()
+        if status != "ok":
+            raise PipelineError(f"RapidOCR 3.10 ({mode}) failed on a {what}: {res}")
+        return res
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+class Rapid3:
+    """One RapidOCR 3.10 instance of the worker (a mode of RAPID3_MODES); its label says what each part ran."""
+
+    def __init__(self, worker: Rapid3Worker, mode: str):
+        self.worker, self.mode = worker, mode
+        ran = "/".join(sorted({p for part in worker.info["precision"][mode].values() for p in part}))
+        self.label = f"RapidOCR 3.10, {RAPID3_MODES[mode]} (runs {ran})"
+
+    def page(self, img: np.ndarray) -> tuple[list, float]:
+        return self.worker.call("page", self.mode, img)
+
+    def crop(self, img: np.ndarray) -> list[str]:
+        return self.worker.call("crop", self.mode, img)[0]
+
+
+def interleaved(systems: dict, pages: dict) -> tuple[dict, dict]:
+    """Page by page, the systems in a rotating order (each goes first as often), so a neighbour's load on a shared
+    machine hits all alike: {system: {image: lines}}, {system: seconds}."""
+    for s in systems.values():
+        s.page(np.full((480, 640, 3), 255, np.uint8))      # warm-up: an empty page outside the set
+    names = list(systems)
+    got, t = {n: {} for n in names}, {n: 0.0 for n in names}
+    for k, (image, img) in enumerate(pages.items()):
+        for n in names[k % len(names):] + names[:k % len(names)]:
+            got[n][image], dt = systems[n].page(img)
+            t[n] += dt
+    return got, t
+
+
+def agreement(a: list, b: list) -> int:
+    """Lines of `a` identical to a line of `b` whose box it matches at IoU >= 0.5 (one to one)."""
+    from pipeline.ocr.det_metric import match
+
+    q = lambda lines: np.array([bx for bx, _ in lines], np.float32).reshape(-1, 4, 2)   # noqa: E731
+    return sum(a[i][1] == b[j][1] for i, j in match(q(a), q(b), 0.5))
+
+
+def known(name: str, lines: list[str]) -> bool:
+    """Every known text of the image read (spaces ignored), in one line or across the joined lines."""
+    flat = lambda s: "".join(s.split())        # noqa: E731
+    return all(any(flat(k) in flat(t) for t in lines + ["".join(lines)]) for k in KNOWN.get(name, []))

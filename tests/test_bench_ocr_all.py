@@ -1,0 +1,121 @@
+"""`make bench-ocr-all` (issue 32): the side-by-side's scoring, ratios, targets and tables, on made-up pass results
+(no system runs, nothing timed); the RapidOCR 3.10 worker's per-mode params."""
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        yield importlib.import_module("bench_ocr_all")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def _box(x: float, y: float, w: float = 100, h: float = 20) -> list:
+    return [[x, y], [x + w, y], [x + w, y + h], [x, y + h]]
+
+
+def _pass(bench):
+    """Two images: ch_en_num.jpg (a page with 3 known lines) and text_rec.jpg (a crop, known 韩国小馆)."""
+    page = [(_box(0, 0), "正品促销"), (_box(0, 40), "大桶装更划算"), (_box(0, 80), "强力去污符合国标")]
+    got = {"ours-v4": {"ch_en_num.jpg": page, "text_rec.jpg": [(_box(0, 0), "韩国小馆")]},
+           # v5: one line's text differs, one box moved off (no match), the crop misread
+           "ours-v5": {"ch_en_num.jpg": [page[0], (_box(0, 40), "大桶装更划"), (_box(300, 300), page[2][1])],
+                       "text_rec.jpg": [(_box(0, 0), "韩国小")]},
+           bench.BASE: {"ch_en_num.jpg": page, "text_rec.jpg": [(_box(1, 1), "韩国小馆")]}}
+    texts = {n: {i: [t for _, t in lines] for i, lines in v.items()} for n, v in got.items()}
+    texts["ours-v5"]["text_rec.jpg"] = ["韩国小"]       # the crop flow's reading
+    seconds = {"ours-v4": 1.0, "ours-v5": 0.5, bench.BASE: 2.0}
+    return got, texts, seconds
+
+
+def test_system_name_from_the_bundle_folder(bench):
+    assert bench.system_name(Path("bundles/ppocr_v5_system-20261202-101010")) == "ours-v5"
+    assert bench.system_name(Path("/x/ppocr_v4_system-1/")) == "ours-v4"
+    assert bench.system_name(Path("bundles/my_system-1")) == "my_system-1"
+
+
+def test_summary_ratios_matrix_and_known_texts(bench):
+    res = bench.summarize(*_pass(bench))
+    s = res["systems"]
+    assert res["pages"] == 2
+    assert s["ours-v5"]["pages_per_s"] == pytest.approx(4.0) and s["ours-v5"]["vs_base"] == pytest.approx(4.0)
+    assert s["ours-v4"]["vs_base"] == pytest.approx(2.0) and s[bench.BASE]["vs_base"] == pytest.approx(1.0)
+    same = res["same"]
+    assert same["ours-v4"]["ours-v4"] == 4 == s["ours-v4"]["lines"]             # diagonal: own lines
+    assert same["ours-v4"][bench.BASE] == same[bench.BASE]["ours-v4"] == 4       # symmetric; crop box IoU >= 0.5
+    assert same["ours-v4"]["ours-v5"] == same["ours-v5"]["ours-v4"] == 1         # one text differs, one box moved
+    assert s["ours-v4"]["known"] == 2 == s["ours-v4"]["of_known"]
+    assert s["ours-v5"]["known_read"] == [] and s["ours-v5"]["known_missed"] == ["ch_en_num.jpg", "text_rec.jpg"]
+    row = {r["image"]: r for r in res["rows"]}["text_rec.jpg"]
+    assert row["known"] and row["ours-v4"]["known"] and not row["ours-v5"]["known"]
+
+
+def test_targets_v5_against_rapidocr_as_shipped_and_v4s_known_texts(bench):
+    res = bench.summarize(*_pass(bench))
+    got = {what: (v, lim, ok) for what, v, lim, ok in bench.targets(res)}
+    assert got["ours-v5 / RapidOCR 3.10 as shipped pages/s"] == (4.0, 1.0, True)
+    assert got["ours-v5: known texts read of those ours-v4 reads"] == (0.0, 2.0, False)
+    slow = {**res, "systems": {**res["systems"], "ours-v5": {**res["systems"]["ours-v5"], "vs_base": 0.93}}}
+    assert [ok for *_, ok in bench.targets(slow)][0] is False
+    no_v5 = {**res, "systems": {k: v for k, v in res["systems"].items() if k != "ours-v5"}}
+    assert bench.targets(no_v5) == []
+    no_v4 = {**res, "systems": {k: v for k, v in res["systems"].items() if k != "ours-v4"}}
+    assert [w for w, *_ in bench.targets(no_v4)] == ["ours-v5 / RapidOCR 3.10 as shipped pages/s"]
+
+
+def test_no_peer_means_no_ratio(bench):
+    got, texts, seconds = _pass(bench)
+    res = bench.summarize({k: v for k, v in got.items() if k != bench.BASE}, texts,
+                          {k: v for k, v in seconds.items() if k != bench.BASE})
+    assert res["systems"]["ours-v5"]["vs_base"] is None
+    assert [w for w, *_ in bench.targets(res)] == ["ours-v5: known texts read of those ours-v4 reads"]
+
+
+def test_report_prints_the_tables_and_fails_on_a_missed_target(bench):
+    from rich.console import Console
+
+    res = bench.summarize(*_pass(bench))
+    labels = {"ours-v4": "ours, det openvino fp32", "ours-v5": "ours, det onnxruntime int8",
+              bench.BASE: "RapidOCR 3.10, ONNX Runtime (as shipped) (runs f32)"}
+    served = {"ours-v5": {"detection": {"engine": "onnxruntime", "precision": "int8", "why": "chosen [fastest]"}}}
+    out = io.StringIO()
+    ok = bench.report(res, labels, served, Console(file=out, width=200))
+    text = out.getvalue()
+    assert not ok
+    assert "4.00x" in text and "0/2 (missed ch_en_num, text_rec)" in text and "chosen [fastest]" in text
+    assert "known texts read of those ours-v4 reads: 0.000 (target >= 2) MISSED" in text
+
+
+def test_two_bundles_of_one_system_are_refused(bench, tmp_path):
+    from pipeline.core.errors import PipelineError
+
+    args = type("A", (), {"bundle": [str(tmp_path / "ppocr_v5_system-1"), str(tmp_path / "ppocr_v5_system-2")],
+                          "rapid3_python": None})
+    with pytest.raises(PipelineError, match="two bundles of ours-v5"):
+        bench.build(args)
+
+
+def test_rapidocr3_worker_params_per_mode():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        worker = importlib.import_module("rapidocr3_worker")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    p = worker.params("onnxruntime", None)
+    # as shipped: its default engine and models, only the thread count set (the bench is at 1 thread)
+    assert p["EngineConfig.onnxruntime.intra_op_num_threads"] == 1 == p["EngineConfig.onnxruntime.inter_op_num_threads"]
+    assert not any(k.endswith(("engine_type", "model_path", "rec_keys_path")) for k in p)
+    files = {"det": "d.onnx", "cls": "c.onnx", "rec": "r.onnx", "keys": "k.txt"}
+    p = worker.params("onnxruntime", files)
+    assert p["Det.model_path"] == "d.onnx" and p["Rec.rec_keys_path"] == "k.txt"
+    with pytest.raises(ValueError, match="unknown mode"):
+        worker.params("tensorrt", None)
