@@ -99,8 +99,8 @@ def report(res: dict, labels: dict, served: dict, con=None) -> bool:
     t = Table(title=f"{res['pages']} real images, 1 thread, every system timed interleaved in one pass (rotating "
                     f"order); ratios to RapidOCR 3.10 as shipped ({BASE}) from the same run")
     for col in ("system", "what runs", "pages/s", f"x {BASE}", "lines", "known texts"):
-        t.add_column(col, no_wrap=col != "what runs", justify="right" if col in ("pages/s", f"x {BASE}", "lines")
-                     else "left")
+        num = col in ("pages/s", f"x {BASE}", "lines")
+        t.add_column(col, no_wrap=num or col == "system", justify="right" if num else "left")
     for n in names:
         v = s[n]
         missed = f" (missed {', '.join(m.rsplit('.', 1)[0] for m in v['known_missed'])})" if v["known_missed"] else ""
