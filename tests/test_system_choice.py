@@ -244,3 +244,21 @@ def test_a_pin_never_serves_a_low_precision_row_its_bundle_refused(tmp_path, mon
         assert part["by"] == "pinned (system.pin.detection)"
         assert (verdict in part["why"]) == (served == "fp32")
     assert sysb.pin_refusal(cfg["serving"], "openvino", "fp32") is None
+
+
+def test_a_system_rows_budget_below_one_field_of_its_pages_is_one_field(monkeypatch):
+    """As every gate (metric_check's samples): on 8 pages of 24 fields a 0.01 field budget allowed no field to change,
+    so the v5 system's Lite x86 fp32 row failed on one field (drop 0.0417); one field now passes, two fail, and a
+    zero budget stays exact."""
+    import stages.system as st
+
+    def score(fields_ok, lines_ok=140):
+        return {"line_accuracy": lines_ok / 140, "field_accuracy": fields_ok / 24, "lines": 140.0, "fields": 24.0}
+
+    ref = score(22)
+    for got, budget, status in ((21, 0.01, OK), (20, 0.01, FAIL), (21, 0.0, FAIL), (22, 0.0, OK)):
+        monkeypatch.setattr(st, "_score", lambda lines, pages, keys, s=score(got): s)
+        monkeypatch.setattr("pipeline.ocr.system_metrics.agreement", lambda a, b: 1.0)
+        g = st._row("lite x86 fp32", "fp32", "fp32", [], {}, {}, ref=ref, ref_lines=[], drop=budget)
+        assert g.status == status, (got, budget, g.reason)
+        assert ("one sample allowed" in g.checks[1].detail) == (budget > 0)
