@@ -25,6 +25,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.gates import FAIL, Gate, apply_role, evaluate_tol, run_row, skipped
 from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.bundle.serving_choice import precision_settings
+from pipeline.tasks.base import has_labels
 from pipeline.tasks.reference import load_reference
 
 log = logging.getLogger("pipeline")
@@ -659,7 +660,8 @@ def _int8_advice(ctx, task, prefix, qprefix, calib, x, ref_out, labels, ref_metr
     tune = calib[:len(x)]
     tune_ref = pi.InferenceEngine(prefix, "fp32", **common).run_batched(tune, ctx.batches["gate"])
     tune_labels = getattr(ctx, "calib_labels", None)
-    args = (ctx, task, tune, tune_ref, None if tune_labels is None else tune_labels[:len(tune)], tol, common)
+    tune_labels = tune_labels[:len(tune)] if tune_labels is not None and has_labels(tune_labels) else None
+    args = (ctx, task, tune, tune_ref, tune_labels, tol, common)
     sim = _int8_judge(*args, precision="fp32")(qprefix)
     if sim["passed"]:
         msg = (f"the calibration is not the cause: the fake-quant program run in fp32 passes on the tuning split, so the loss is in Paddle Inference's oneDNN int8 path "

@@ -27,7 +27,7 @@ def _openvino() -> tuple[bool, str]:
 
 
 def _samples(folder: Path, cfg: dict) -> np.ndarray:
-    from pipeline.bundle.verify_model import _samples as samples
+    from pipeline.bundle.verify_model import load_samples as samples
 
     return samples(folder, cfg)
 
