@@ -165,6 +165,17 @@ def test_a_pir_export_as_model_pretrained_is_made_trainable(v5):
 
     model, report = imported.build(None, {"pretrained": str(v5["rec"])}, {})
     assert isinstance(model, imported.Trainable) and "PIR" in report["kind"]
+    # BatchNorm stays frozen in train mode: the export's batch_norm ops normalise with their running statistics
+    # (use_global_stats, kept by the translation), so a fine-tune's small batches never rewrite them
+    stats = {p.name for p in model.parameters() if p.stop_gradient}
+    assert len(stats) == 12 and all(n.startswith("batch_norm") for n in stats)
+    before = {p.name: p.numpy().copy() for p in model.parameters()}
+    opt = paddle.optimizer.Adam(1e-3, parameters=model.parameters())
     model.train()
-    out = model(paddle.rand([1, 3, 48, 64]))
-    assert out.shape == [1, 8, 18385] and not out.stop_gradient
+    out = model(paddle.rand([4, 3, 48, 64]) * 4)           # batch statistics far from the running ones
+    assert out.shape == [4, 8, 18385] and not out.stop_gradient
+    (out * paddle.rand(out.shape)).sum().backward()        # (a second train-mode forward must follow a backward)
+    opt.step()
+    after = {p.name: p.numpy() for p in model.parameters()}
+    assert all(np.array_equal(before[n], after[n]) for n in stats)
+    assert sum(not np.array_equal(before[n], after[n]) for n in before if n not in stats) == len(before) - 12

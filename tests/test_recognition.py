@@ -132,6 +132,36 @@ def test_load_or_render_cache(tmp_path):
     assert len(list(tmp_path.glob("*.npz"))) == 2
 
 
+def test_drawable_chars_keeps_what_the_font_draws():
+    from pipeline.data.textlines import drawable_chars
+
+    # the built-in font (Aileron) has Latin glyphs, no CJK, no emoji; a combining mark draws no ink of its own
+    assert drawable_chars("A汉1 🔩b\u0301,") == "A1 b,"
+    assert drawable_chars(DEFAULT_CHARSET) == DEFAULT_CHARSET
+
+
+def test_train_drawable_only_filters_training_lines_not_validation(tmp_path):
+    from pipeline.tasks.recognition import RecognitionTask, labels_to_strings
+
+    chars = "汉字国中" * 6 + "AB12"                       # a charset the built-in font mostly cannot draw
+    (tmp_path / "dict.txt").write_text("\n".join(dict.fromkeys(chars)) + "\n", encoding="utf-8")
+    cfg = {**_tiny_cfg(tmp_path), "charset": str(tmp_path / "dict.txt"), "num_train": 64, "num_val": 64}
+    task = RecognitionTask()
+    plain = task.load_data(cfg, seed=0)
+    drawn = task.load_data({**cfg, "train_drawable_only": True}, seed=0)
+    charset = drawn.info["charset"]
+    train = labels_to_strings(drawn.train.labels, charset)
+    assert all(set(s) <= set("AB12") for s in train) and len(set("".join(train))) == 4
+    assert any(set(s) - set("AB12") for s in labels_to_strings(plain.train.labels, charset))
+    assert np.array_equal(drawn.val.labels, plain.val.labels)          # the same validation lines
+    assert np.array_equal(drawn.val.images, plain.val.images)
+    with pytest.raises(ConfigError, match="train_drawable_only"):
+        task.load_data({**cfg, "train_drawable_only": True, "source": "pages"}, seed=0)
+    (tmp_path / "cjk.txt").write_text("汉\n字\n", encoding="utf-8")
+    with pytest.raises(DataError, match="no character of the charset"):
+        task.load_data({**cfg, "charset": str(tmp_path / "cjk.txt"), "train_drawable_only": True}, seed=0)
+
+
 # ---------------------------------------------------------------- task + model
 def _tiny_cfg(tmp_path) -> dict:
     return dict(source="synthetic", path=None, val_path=None, charset=None, num_train=16, num_val=8,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.labelfile import load_charset, load_label_file, text_limits
-from pipeline.data.textlines import DEFAULT_CHARSET, load_or_render
+from pipeline.data.textlines import DEFAULT_CHARSET, drawable_chars, load_or_render
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.ocr.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
                             seq_accuracy)
@@ -52,6 +52,20 @@ def _check_geometry(cfg: dict) -> None:
         raise ConfigError(f"data.height and data.width must be >= 8, got {height}x{width}")
     if max_len < 1:
         raise ConfigError(f"data.max_len must be >= 1, got {max_len}")
+
+
+def _train_charset(cfg: dict, charset: str) -> str:
+    """data.train_drawable_only: training lines drawn only from the characters every font can draw (a line with a
+    missing glyph shows nothing of its label); the validation lines keep the whole charset, so before/after
+    comparisons stay on the same lines."""
+    if not cfg.get("train_drawable_only"):
+        return charset
+    fonts = list(cfg.get("fonts") or [])
+    drawable = drawable_chars(charset, fonts)
+    if not drawable.strip():
+        raise DataError(f"data.train_drawable_only: no character of the charset ({len(charset)}) can be drawn by "
+                        f"{fonts or 'the built-in font'}", hint="add a font that covers the charset to data.fonts")
+    return drawable
 
 
 def _split_fraction(images: np.ndarray, labels: list[str], fraction: float,
@@ -124,8 +138,11 @@ class RecognitionTask:
             common = dict(height=height, width=width, max_len=max_len, fonts=list(cfg.get("fonts") or []),
                           cache_dir=cfg.get("cache_dir"), charset=charset, resize=data_spec(cfg)["resize"])
             # different seeds: validation lines are never copies of training lines
-            train = load_or_render(int(cfg["num_train"]), seed, **common)
+            train = load_or_render(int(cfg["num_train"]), seed, **{**common, "charset": _train_charset(cfg, charset)})
             val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
+        elif cfg.get("train_drawable_only"):
+            raise ConfigError(f"data.train_drawable_only applies to rendered lines (data.source synthetic), not to "
+                              f"data.source {source}", hint="set data.train_drawable_only=false")
         elif source == "pages":          # crops of synthetic invoice pages: what the OCR system feeds
             from pipeline.data.page_crops import load_crops
 
