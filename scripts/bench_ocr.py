@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, Rapid, Rapid3, Rapid3Worker,  # noqa: E402,F401
                        agreement as _agreement, interleaved as _interleaved, known as _known, pages as _pages,
-                       rapid_models)
+                       finish, rapid_models)
 from pipeline.core.errors import PipelineError  # noqa: E402
 
 TARGETS = {"agreement": 0.95}
@@ -188,12 +188,7 @@ def main(argv=None) -> int:
         if args.only_ours:
             return 0 if read_only(args) else 1
         res = run(args)
-        ok = report(res)
-        if args.json:
-            import json
-            Path(args.json).write_text(json.dumps({**res, "targets": targets(res)}, indent=1, ensure_ascii=False,
-                                                  default=str))
-        return 0 if ok else 1
+        return finish(args.json, {**res, "targets": targets(res)}, report(res))
     except PipelineError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (CROPS, IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement,  # noqa: E402
-                       interleaved, known, pages)
+                       finish, interleaved, known, pages)
 from pipeline.core.errors import PipelineError  # noqa: E402
 
 BASE = "rapid3"                         # RapidOCR 3.10 as shipped: the base of every ratio
@@ -169,11 +169,7 @@ def main(argv=None) -> int:
     try:
         res, labels, served = run(args)
         ok = report(res, labels, served)
-        if args.json:
-            import json
-            Path(args.json).write_text(json.dumps({**res, "labels": labels, "served": served, "targets": targets(res)},
-                                                  indent=1, ensure_ascii=False, default=str))
-        return 0 if ok else 1
+        return finish(args.json, {**res, "labels": labels, "served": served, "targets": targets(res)}, ok)
     except PipelineError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code

@@ -215,3 +215,11 @@ def known(name: str, lines: list[str]) -> bool:
     """Every known text of the image read (spaces ignored), in one line or across the joined lines."""
     flat = lambda s: "".join(s.split())        # noqa: E731
     return all(any(flat(k) in flat(t) for t in lines + ["".join(lines)]) for k in KNOWN.get(name, []))
+
+
+def finish(json_path: str | None, payload: dict, ok: bool) -> int:
+    """A bench script's end: the results as JSON when asked, exit 0 when every target held, else 1."""
+    if json_path:
+        import json
+        Path(json_path).write_text(json.dumps(payload, indent=1, ensure_ascii=False, default=str))
+    return 0 if ok else 1
