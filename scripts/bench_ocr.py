@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, Rapid, Rapid3, Rapid3Worker,  # noqa: E402,F401
                        agreement as _agreement, interleaved as _interleaved, known as _known, pages as _pages,
-                       finish, rapid_models)
+                       cpu, finish, rapid_models, texts_of)
 from pipeline.core.errors import PipelineError  # noqa: E402
 
 TARGETS = {"agreement": 0.95}
@@ -54,7 +54,7 @@ def read_only(args) -> bool:
         for k in list(systems)[i % len(systems):] + list(systems)[:i % len(systems)]:
             lines, dt = systems[k].page(img)
             seconds[k] += dt
-            texts[k] = systems[k].crop(img) if name in CROPS else [t for _, t in lines]
+            texts[k] = texts_of(systems[k], name, img, lines)
         known = {k: _known(name, t) for k, t in texts.items()}
         for k in systems:
             read[k] += int(known[k] and bool(KNOWN.get(name)))
@@ -90,7 +90,7 @@ def _score(systems: dict, pages: dict, got: dict) -> tuple[list, dict]:
     for name, img in pages.items():
         row = {"image": name, "ref_lines": len(got[REF][name]), "known": bool(KNOWN.get(name))}
         for n, system in systems.items():
-            texts = system.crop(img) if name in CROPS else [t for _, t in got[n][name]]
+            texts = texts_of(system, name, img, got[n][name])
             same, known = _agreement(got[n][name], got[REF][name]), _known(name, texts)
             row[n] = {"lines": len(got[n][name]), "same": same, "known": known, "read": " | ".join(texts)[:40]}
             per[n]["same"] += same
@@ -100,8 +100,6 @@ def _score(systems: dict, pages: dict, got: dict) -> tuple[list, dict]:
 
 
 def run(args) -> dict:
-    from pipeline.core import capabilities as caps
-
     pages = _pages(Path(args.images))
     systems = _systems(args)
     try:
@@ -115,9 +113,8 @@ def run(args) -> dict:
     out = {n: {"label": s.label, "pages_per_s": len(pages) / t[n], "same": per[n]["same"],
                "agreement": per[n]["same"] / total if total else 1.0, "known": per[n]["known"], "of_known": known,
                "ours_vs": t[n] / t["ours"]} for n, s in systems.items()}
-    flags = caps.cpu_flags()
     return {"rows": rows, "systems": out, "pages": len(pages), "ref_lines": total, "served": systems["ours"].served(),
-            "cpu": {"avx512": "avx512f" in flags, "bf16": caps.has_bf16(), "amx": "amx_bf16" in flags},
+            "cpu": cpu(),
             "rapid3": getattr(systems.get("rapid3_f32"), "worker", None) and systems["rapid3_f32"].worker.info}
 
 

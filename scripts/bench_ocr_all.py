@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ocr_peers import (CROPS, IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement,  # noqa: E402
-                       finish, interleaved, known, pages)
+from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement, cpu, finish,  # noqa: E402
+                       interleaved, known, pages, texts_of)
 from pipeline.core.errors import PipelineError  # noqa: E402
 
 BASE = "rapid3"                         # RapidOCR 3.10 as shipped: the base of every ratio
@@ -137,20 +137,16 @@ def report(res: dict, labels: dict, served: dict, con=None) -> bool:
 
 
 def run(args) -> tuple[dict, dict, dict]:
-    from pipeline.core import capabilities as caps
-
     imgs = pages(Path(args.images))
     systems = build(args)
     try:
         got, seconds = interleaved(systems, imgs)
-        texts = {n: {i: s.crop(img) if i in CROPS else [t for _, t in got[n][i]] for i, img in imgs.items()}
-                 for n, s in systems.items()}
+        texts = {n: {i: texts_of(s, i, img, got[n][i]) for i, img in imgs.items()} for n, s in systems.items()}
     finally:
         if BASE in systems:
             systems[BASE].worker.close()
     res = summarize(got, texts, seconds)
-    flags = caps.cpu_flags()
-    res["cpu"] = {"avx512": "avx512f" in flags, "bf16": caps.has_bf16(), "amx": "amx_bf16" in flags}
+    res["cpu"] = cpu()
     res["rapid3"] = systems[BASE].worker.info if BASE in systems else None
     served = {n: s.served() for n, s in systems.items() if isinstance(s, Ours)}
     return res, {n: s.label for n, s in systems.items()}, served

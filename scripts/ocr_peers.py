@@ -217,6 +217,20 @@ def known(name: str, lines: list[str]) -> bool:
     return all(any(flat(k) in flat(t) for t in lines + ["".join(lines)]) for k in KNOWN.get(name, []))
 
 
+def texts_of(system, name: str, img: np.ndarray, lines: list) -> list[str]:
+    """What a system's reading of one image is scored on: the crop images (CROPS) read with recognition alone, every
+    other image's page lines."""
+    return system.crop(img) if name in CROPS else [t for _, t in lines]
+
+
+def cpu() -> dict:
+    """The CPU facts the targets depend on (AVX-512, bf16, AMX), as this run saw them."""
+    from pipeline.core import capabilities as caps
+
+    flags = caps.cpu_flags()
+    return {"avx512": "avx512f" in flags, "bf16": caps.has_bf16(), "amx": "amx_bf16" in flags}
+
+
 def finish(json_path: str | None, payload: dict, ok: bool) -> int:
     """A bench script's end: the results as JSON when asked, exit 0 when every target held, else 1."""
     if json_path:
