@@ -288,6 +288,55 @@ def test_concurrent_pages_recognised_together_read_as_alone(real):
     assert runner.coalescer.stats["largest"] >= 2
 
 
+class _BigTextDetector:
+    """A detector that, like PP-OCRv5 mobile on issue_170.png's 190-pixel letters, finds nothing at the page's own
+    size and the word's box (TEST, page pixels 90..760 x 165..420) once the input is at most `below` pixels wide."""
+    kind, effective_precision = "fake", "fp32"
+
+    def __init__(self, page_w: int, below: int):
+        self.page_w, self.below, self.widths = page_w, below, []
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        h, w = x.shape[2:]
+        self.widths.append(w)
+        prob = np.zeros((1, 1, h, w), np.float32)
+        if w <= self.below:
+            f = w / self.page_w
+            prob[..., int(175 * f):int(410 * f), int(100 * f):int(750 * f)] = 0.9
+        return prob
+
+
+def test_page_with_no_line_read_is_detected_again_at_retry_scale(real):
+    """retry_scale: a page on which no line was read gets one more detection at that fraction of the rule's size,
+    in the flow read_pages runs and in /ocr's coalesced one alike; off (0) it reads nothing, and a page whose
+    first pass reads a line is detected once."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.serving.ocr_routes import _PageRunner
+    from pipeline.ocr.system import read_page_ppocr
+
+    eng, spec = real
+    page = _page("issue_170.png")                                   # 800x566: the rule (min 736) gives 1024x736
+    det = _BigTextDetector(page.shape[1], below=600)
+    spec.flow = {**spec.flow, "retry_scale": 0.0}
+    assert read_page_ppocr(page, det, eng["rec"], spec) == [] and det.widths == [1024]
+    spec.flow = {**spec.flow, "retry_scale": 0.5}
+    det.widths.clear()
+    lines = read_page_ppocr(page, det, eng["rec"], spec)
+    assert [ln["text"] for ln in lines] == ["TEST"] and det.widths == [1024, 512]
+    det.below = 2000                                                 # found at once: no second detection
+    det.widths.clear()
+    assert [ln["text"] for ln in read_page_ppocr(page, det, eng["rec"], spec)] == ["TEST"] and det.widths == [1024]
+    det.below, det.widths = 600, []
+    pool = ThreadPoolExecutor(max_workers=1)
+    runner = _PageRunner(det, eng["rec"], None, spec, pool,
+                         {"mode": "on", "max_batch": 16, "max_wait_ms": 0, "min_saving_ms": 0}, max_pages=8)
+    got, _found = asyncio.run(runner(page))
+    pool.shutdown()
+    assert got == lines and det.widths == [1024, 512]
+
+
 @pytest.mark.parametrize("pre", [{"resize": "stretch", "height": 96, "width": 128, "mean": 0.5, "std": 0.5},
                                  {"resize": "limit", "limit_side_len": 960, "limit_type": "max",
                                   "mean": [0.5] * 3, "std": [0.5] * 3}])

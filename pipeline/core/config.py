@@ -361,6 +361,7 @@ class SystemCfg(Section):
     width_height_ratio: float = NonNegFloat
     cls_thresh: float = Field(ge=0, le=1)
     drop_score: float = Field(ge=0, le=1)
+    retry_scale: float = Field(ge=0, lt=1)
 
     @field_validator("pin")
     @classmethod

@@ -26,9 +26,10 @@ from pipeline.data.crop import crop_quad
 from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 
 # PaddleOCR's tools/infer defaults (utility.py): rec_batch_num 6, cls_batch_num 6, cls_thresh 0.9, drop_score 0.5
-# RapidOCR's page steps (ppocr.prepare_page) are off unless configured
+# RapidOCR's page steps (ppocr.prepare_page) and the empty-page retry are off unless configured
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
-                 "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0}
+                 "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
+                 "retry_scale": 0.0}
 
 
 @dataclass
@@ -144,10 +145,14 @@ def _line(quad: np.ndarray, text: str, score: float, det_score: float) -> dict:
             "det_score": round(float(det_score), 4)}
 
 
-def detect_page(page: np.ndarray, det, spec: SystemSpec) -> tuple[np.ndarray, np.ndarray]:
-    """PaddleOCR detection of one page at its own limit-rule size → (quads in page pixels, scores),
-    in sorted_boxes order."""
-    out = det.run(ppocr.det_input(page, spec.det_pre))
+def detect_page(page: np.ndarray, det, spec: SystemSpec, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """PaddleOCR detection of one page at its own limit-rule size (times scale, for the retry) → (quads in page
+    pixels, scores), in sorted_boxes order."""
+    pre = spec.det_pre
+    if scale != 1.0:        # scale the size the rule gives, never above the page's own
+        rh, rw = ppocr.det_resize_shape(*page.shape[:2], int(pre["limit_side_len"]), pre["limit_type"])
+        pre = {**pre, "limit_type": "max", "limit_side_len": max(32, int(max(rh, rw) * scale))}
+    out = det.run(ppocr.det_input(page, pre))
     _finite(out, "detection", det)
     quads, scores = boxes_from_map(out[0], DBParams.from_dict(spec.det_post), page.shape[:2])
     order = ppocr.sorted_boxes(quads)
@@ -210,13 +215,15 @@ class PageCrops:
     found: int = 0            # boxes detected, before any max_boxes cap
 
 
-def page_crops(page: np.ndarray, det, spec: SystemSpec, cls=None, max_boxes: int = 0) -> PageCrops:
+def page_crops(page: np.ndarray, det, spec: SystemSpec, cls=None, max_boxes: int = 0,
+               scale: float = 1.0) -> PageCrops:
     """Detection, crops and the optional classifier of one page (PaddleOCR's flow); recognition is left to
     the caller, so that `/ocr` can recognise the crops of concurrent pages together. max_boxes: keep only
-    the first boxes in reading order (0: all), before any crop is cut (`serve.max_boxes_per_page`)."""
+    the first boxes in reading order (0: all), before any crop is cut (`serve.max_boxes_per_page`).
+    scale: the detector's input size relative to the limit rule's (retry_needed)."""
     img = ppocr.to_bgr(page)
     work, transform = ppocr.prepare_page(img, spec.flow)
-    quads, det_scores = detect_page(work, det, spec)
+    quads, det_scores = detect_page(work, det, spec, scale)
     found = len(quads)
     if max_boxes and found > max_boxes:
         quads, det_scores = quads[:max_boxes], det_scores[:max_boxes]
@@ -235,6 +242,13 @@ def page_lines(pc: PageCrops, texts: list[str], scores: list[float], spec: Syste
     return lines
 
 
+def retry_needed(lines: list[dict], spec: SystemSpec) -> bool:
+    """A page on which no line was read gets one more detection at retry_scale of its size (0: never): letters
+    far larger than the scale a detector was trained at leave no box, or only fragments its recogniser drops
+    (PP-OCRv5 mobile on issue_170.png's 190-pixel TEST: one dash, score 0.43, at the page's size; TEST at half)."""
+    return not lines and 0 < float(spec.flow.get("retry_scale", 0)) < 1
+
+
 def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> list[dict]:
     """One page through PaddleOCR's flow (see the module docstring); crops are cut from the prepared page
     (as RapidOCR does), boxes reported in the original page's pixels."""
@@ -243,7 +257,11 @@ def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> l
 
 def _ppocr_page(page: np.ndarray, det, rec, spec: SystemSpec, cls=None, max_boxes: int = 0) -> tuple[list[dict], int]:
     pc = page_crops(page, det, spec, cls, max_boxes)
-    return page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec), pc.found
+    lines = page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
+    if retry_needed(lines, spec):
+        pc = page_crops(page, det, spec, cls, max_boxes, float(spec.flow["retry_scale"]))
+        lines = page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
+    return lines, pc.found
 
 
 def read_crops(crops: list[np.ndarray], rec, spec: SystemSpec, cls=None) -> list[str]:

@@ -64,15 +64,20 @@ class _PageRunner:
 
     async def __call__(self, page: np.ndarray) -> tuple[list[dict], int]:
         """→ (the page's lines, boxes detected on it: more than max_boxes when it was capped)."""
-        from pipeline.ocr.system import page_crops, page_lines, read_page
+        from pipeline.ocr.system import page_crops, page_lines, read_page, retry_needed
 
         loop = asyncio.get_running_loop()
         if self.coalescer is None:
             return await loop.run_in_executor(self.pool, read_page, page, self.det, self.rec, self.spec, self.cls,
                                               self.max_boxes)
-        pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls, self.max_boxes)
-        texts, scores = (await self.coalescer.submit(pc.crops)) if pc.crops else ([], [])
-        return page_lines(pc, texts, scores, self.spec), pc.found
+        for scale in (1.0, float(self.spec.flow.get("retry_scale", 0))):      # read_page's retry, coalesced
+            pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls,
+                                            self.max_boxes, scale)
+            texts, scores = (await self.coalescer.submit(pc.crops)) if pc.crops else ([], [])
+            lines = page_lines(pc, texts, scores, self.spec)
+            if not retry_needed(lines, self.spec):
+                break
+        return lines, pc.found
 
     async def _recognize(self, crop_sets: list) -> list:
         from pipeline.ocr.system import recognize_pages
