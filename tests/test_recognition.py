@@ -140,7 +140,7 @@ def test_drawable_chars_keeps_what_the_font_draws():
     assert drawable_chars(DEFAULT_CHARSET) == DEFAULT_CHARSET
 
 
-def test_train_drawable_only_filters_training_lines_not_validation(tmp_path):
+def test_drawable_only_filters_the_rendered_lines_of_its_split(tmp_path):
     from pipeline.tasks.recognition import RecognitionTask, labels_to_strings
 
     chars = "汉字国中" * 6 + "AB12"                       # a charset the built-in font mostly cannot draw
@@ -155,8 +155,13 @@ def test_train_drawable_only_filters_training_lines_not_validation(tmp_path):
     assert any(set(s) - set("AB12") for s in labels_to_strings(plain.train.labels, charset))
     assert np.array_equal(drawn.val.labels, plain.val.labels)          # the same validation lines
     assert np.array_equal(drawn.val.images, plain.val.images)
+    both = task.load_data({**cfg, "train_drawable_only": True, "val_drawable_only": True}, seed=0)
+    val = labels_to_strings(both.val.labels, charset)
+    assert all(set(s) <= set("AB12") for s in val) and np.array_equal(both.train.labels, drawn.train.labels)
     with pytest.raises(ConfigError, match="train_drawable_only"):
         task.load_data({**cfg, "train_drawable_only": True, "source": "pages"}, seed=0)
+    with pytest.raises(ConfigError, match="val_drawable_only"):
+        task.load_data({**cfg, "val_drawable_only": True, "source": "pages"}, seed=0)
     (tmp_path / "cjk.txt").write_text("汉\n字\n", encoding="utf-8")
     with pytest.raises(DataError, match="no character of the charset"):
         task.load_data({**cfg, "charset": str(tmp_path / "cjk.txt"), "train_drawable_only": True}, seed=0)

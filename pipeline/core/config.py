@@ -65,6 +65,7 @@ class DataCfg(Section):
     page_size: int = Field(ge=64, le=4096)
     fonts: list[str]
     train_drawable_only: bool
+    val_drawable_only: bool
     on_bad_sample: Literal["error", "skip"]
     cache_dir: str
     max_text_bytes: int = PosInt

@@ -54,16 +54,17 @@ def _check_geometry(cfg: dict) -> None:
         raise ConfigError(f"data.max_len must be >= 1, got {max_len}")
 
 
-def _train_charset(cfg: dict, charset: str) -> str:
-    """data.train_drawable_only: training lines drawn only from the characters every font can draw (a line with a
-    missing glyph shows nothing of its label); the validation lines keep the whole charset, so before/after
-    comparisons stay on the same lines."""
-    if not cfg.get("train_drawable_only"):
+def _drawable_charset(cfg: dict, charset: str, split: str) -> str:
+    """data.train_drawable_only / data.val_drawable_only: that split's rendered lines drawn only from the characters
+    every font can draw (a line with a missing glyph shows a box, not its label: noise to train on, and a line no
+    model can read to judge on). Off, the split keeps the whole charset (the same lines as a run without the key)."""
+    key = f"{split}_drawable_only"
+    if not cfg.get(key):
         return charset
     fonts = list(cfg.get("fonts") or [])
     drawable = drawable_chars(charset, fonts)
     if not drawable.strip():
-        raise DataError(f"data.train_drawable_only: no character of the charset ({len(charset)}) can be drawn by "
+        raise DataError(f"data.{key}: no character of the charset ({len(charset)}) can be drawn by "
                         f"{fonts or 'the built-in font'}", hint="add a font that covers the charset to data.fonts")
     return drawable
 
@@ -138,11 +139,12 @@ class RecognitionTask:
             common = dict(height=height, width=width, max_len=max_len, fonts=list(cfg.get("fonts") or []),
                           cache_dir=cfg.get("cache_dir"), charset=charset, resize=data_spec(cfg)["resize"])
             # different seeds: validation lines are never copies of training lines
-            train = load_or_render(int(cfg["num_train"]), seed, **{**common, "charset": _train_charset(cfg, charset)})
-            val = load_or_render(int(cfg["num_val"]), seed + 1, **common)
-        elif cfg.get("train_drawable_only"):
-            raise ConfigError(f"data.train_drawable_only applies to rendered lines (data.source synthetic), not to "
-                              f"data.source {source}", hint="set data.train_drawable_only=false")
+            train = load_or_render(int(cfg["num_train"]), seed,
+                                   **{**common, "charset": _drawable_charset(cfg, charset, "train")})
+            val = load_or_render(int(cfg["num_val"]), seed + 1, **{**common, "charset": _drawable_charset(cfg, charset, "val")})
+        elif drawn := [k for k in ("train_drawable_only", "val_drawable_only") if cfg.get(k)]:
+            raise ConfigError(f"data.{drawn[0]} applies to rendered lines (data.source synthetic), not to "
+                              f"data.source {source}", hint=f"set data.{drawn[0]}=false")
         elif source == "pages":          # crops of synthetic invoice pages: what the OCR system feeds
             from pipeline.data.page_crops import load_crops
 
