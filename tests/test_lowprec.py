@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -231,3 +232,26 @@ def test_an_isa_cap_below_bf16_skips_the_bf16_rows(monkeypatch, cap, blocks):
     assert (capabilities.isa_cap_without_bf16() is not None) == blocks
     for ok, why in (capabilities.bf16_cpu_status(), ovx.bf16_status()):
         assert (capabilities.ISA_ENV in why) == blocks and not (ok and blocks)
+
+
+def test_bf16_keep_list_rule_takes_the_fewest_f32_layers_the_gate_allows_with_a_margin():
+    """scripts/bf16_keep_layers.py: among trials fast enough, the smallest k whose tuning samples hold the bf16 gate at
+    half its budget (the v4 recogniser's trials: k=2 at 1.84x, not k=16 at 1.29x for two lines fewer changed); when
+    none holds, the fewest changes; a trial under min_speedup is never advised."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bf16_keep_layers", Path(__file__).resolve().parent.parent
+                                                  / "scripts" / "bf16_keep_layers.py")
+    keep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keep)
+    half = keep.within_margin(Tolerance(metric_delta=0.03, min_agreement=0.9, max_correct_lost=0.05))
+    assert (half.metric_delta, half.max_correct_lost) == (0.015, 0.025) and abs(half.min_agreement - 0.95) < 1e-12
+    trials = [{"k": 0, "changed": 11, "speed_vs_f32": 2.03, "holds": False},
+              {"k": 2, "changed": 5, "speed_vs_f32": 1.84, "holds": True},
+              {"k": 4, "changed": 7, "speed_vs_f32": 1.96, "holds": True},
+              {"k": 16, "changed": 3, "speed_vs_f32": 1.29, "holds": True},
+              {"k": 32, "changed": 3, "speed_vs_f32": 1.06, "holds": True}]
+    assert keep.advise(trials, 1.10)["k"] == 2
+    assert keep.advise([{**t, "holds": False} for t in trials], 1.10)["k"] == 16       # the fewest changes
+    assert keep.advise([{**t, "holds": t["k"] == 32} for t in trials], 1.10)["k"] == 16   # 32 is too slow
+    assert keep.advise([{k: v for k, v in t.items() if k != "holds"} for t in trials], 1.10)["k"] == 16  # no labels
