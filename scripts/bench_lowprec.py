@@ -74,7 +74,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
-    bundle = a.bundle or next(iter(sorted(Path("bundles").glob("ppocr_v4_system-*"), reverse=True)), None)
+    # folders only: each bundle also sits beside its folder as a .tar.gz, which sorts after it
+    newest = sorted((p for p in Path("bundles").glob("ppocr_v4_system-*") if p.is_dir()), reverse=True)
+    bundle = a.bundle or next(iter(newest), None)
     if bundle is None or not Path(bundle).is_dir():
         print("bench-lowprec: no bundle: run `make real-ocr` first or pass --bundle PATH", file=sys.stderr)
         return 2
