@@ -200,6 +200,18 @@ def real():
     return eng, spec
 
 
+@pytest.fixture(scope="module")
+def worker():
+    """/ocr's worker pool as the server holds it: one thread for the engines' whole life (a Paddle predictor run
+    again on a new thread, after the thread that ran it before exited, failed here with oneDNN's 'could not
+    execute a primitive')."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    yield pool
+    pool.shutdown()
+
+
 def _page(name: str) -> np.ndarray:
     from pipeline.ocr.pages import decode_page
 
@@ -260,13 +272,11 @@ def test_width_grouped_batches_read_as_one_by_one(real):
     assert sum(a != b for a, b in zip(batched, single)) <= len(crops) // 10
 
 
-def test_concurrent_pages_recognised_together_read_as_alone(real):
+def test_concurrent_pages_recognised_together_read_as_alone(real, worker):
     """/ocr with batching on: the crops of pages that wait for the recogniser together share its calls
     (ocr/system.recognize_pages), each crop with the very input it has alone, so every page reads as it does
     alone (a blank page among them reads as no lines)."""
     import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
     from pipeline.serving.ocr_routes import _PageRunner
     from pipeline.ocr.system import read_page_ppocr
 
@@ -274,15 +284,13 @@ def test_concurrent_pages_recognised_together_read_as_alone(real):
     spec.flow = {**spec.flow, "rec_batch_num": 6}
     pages = [_page(n) for n in ("ch_en_num.jpg", "return_word_debug.jpg", "issue_170.png")] + [np.full((64, 256, 3), 255, np.uint8)]
     alone = [read_page_ppocr(p, eng["det"], eng["rec"], spec) for p in pages]
-    pool = ThreadPoolExecutor(max_workers=1)
-    runner = _PageRunner(eng["det"], eng["rec"], None, spec, pool,
+    runner = _PageRunner(eng["det"], eng["rec"], None, spec, worker,
                          {"mode": "on", "max_batch": 16, "max_wait_ms": 0, "min_saving_ms": 0}, max_pages=8)
 
     async def together():
         return await asyncio.gather(*(runner(p) for p in pages))
 
     got = [lines for lines, _found in asyncio.run(together())]
-    pool.shutdown()
     assert got == alone and len(alone[0]) == 18 and len(alone[1]) > 0 and len(alone[2]) > 0 and alone[3] == []
     # the first page finds the recogniser idle and runs alone; the two behind it share one call
     assert runner.coalescer.stats["largest"] >= 2
@@ -306,13 +314,11 @@ class _BigTextDetector:
         return prob
 
 
-def test_page_with_no_line_read_is_detected_again_at_retry_scale(real):
+def test_page_with_no_line_read_is_detected_again_at_retry_scale(real, worker):
     """retry_scale: a page on which no line was read gets one more detection at that fraction of the rule's size,
     in the flow read_pages runs and in /ocr's coalesced one alike; off (0) it reads nothing, and a page whose
     first pass reads a line is detected once."""
     import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
     from pipeline.serving.ocr_routes import _PageRunner
     from pipeline.ocr.system import read_page_ppocr
 
@@ -329,11 +335,9 @@ def test_page_with_no_line_read_is_detected_again_at_retry_scale(real):
     det.widths.clear()
     assert [ln["text"] for ln in read_page_ppocr(page, det, eng["rec"], spec)] == ["TEST"] and det.widths == [1024]
     det.below, det.widths = 600, []
-    pool = ThreadPoolExecutor(max_workers=1)
-    runner = _PageRunner(det, eng["rec"], None, spec, pool,
+    runner = _PageRunner(det, eng["rec"], None, spec, worker,
                          {"mode": "on", "max_batch": 16, "max_wait_ms": 0, "min_saving_ms": 0}, max_pages=8)
     got, _found = asyncio.run(runner(page))
-    pool.shutdown()
     assert got == lines and det.widths == [1024, 512]
 
 
@@ -363,6 +367,37 @@ def test_real_upside_down_line_reads_after_the_classifier(real):
 
     eng, spec = real
     assert read_crops([_page("text_cls.jpg")], eng["rec"], spec, eng["cls"]) == ["怪我咯"]   # GT.tsv: 180 / 怪我咯
+
+
+def test_turn_check_undoes_a_turn_the_recogniser_reads_worse(real, worker):
+    """return_word_debug.jpg's upright sign line: the v2 classifier turns it by 180 and the recogniser then reads it
+    as nothing it keeps; with turn_check the line is read as it stands, in read_page and in /ocr's coalesced flow
+    alike, every other line unchanged. text_cls.jpg's line, truly upside down, stays turned."""
+    import asyncio
+
+    from pipeline.ocr.system import read_crops, read_page
+    from pipeline.serving.ocr_routes import _PageRunner
+
+    eng, spec = real
+    page = _page("return_word_debug.jpg")
+    spec.flow = {**spec.flow, "turn_check": False}
+    trusted, _ = read_page(page, eng["det"], eng["rec"], spec, eng["cls"])
+    spec.flow = {**spec.flow, "turn_check": True}
+    checked, _ = read_page(page, eng["det"], eng["rec"], spec, eng["cls"])
+    undone = [ln for ln in checked if "24H" in ln["text"]]
+    assert len(undone) == 1 and undone[0]["angle"] == 0 and undone[0]["score"] > 0.8
+    assert not any("24H" in ln["text"] for ln in trusted)
+    assert [ln for ln in checked if ln is not undone[0]] == trusted
+    assert read_crops([_page("text_cls.jpg")], eng["rec"], spec, eng["cls"]) == ["怪我咯"]
+
+    runner = _PageRunner(eng["det"], eng["rec"], eng["cls"], spec, worker,
+                         {"mode": "on", "max_batch": 16, "max_wait_ms": 0, "min_saving_ms": 0}, max_pages=8)
+
+    async def together():
+        return await asyncio.gather(*(runner(p) for p in (page, _page("ch_en_num.jpg"))))
+
+    served = asyncio.run(together())
+    assert served[0][0] == checked
 
 
 def test_system_classifier_part_is_optional_and_checked():

@@ -363,6 +363,7 @@ class SystemCfg(Section):
     cls_thresh: float = Field(ge=0, le=1)
     drop_score: float = Field(ge=0, le=1)
     retry_scale: float = Field(ge=0, lt=1)
+    turn_check: bool
 
     @field_validator("pin")
     @classmethod

@@ -6,8 +6,8 @@ Two preprocessing conventions, chosen by the detection bundle's `preprocess.resi
   stretch (the built-in synthetic models): gray pages stretched to the model size, detection over all
     pages and recognition over all crops in large batches (a Lite run costs two subprocesses per call);
   limit (PaddleOCR's, pipeline/ocr/ppocr.py; pretrained PP-OCR models): each page at its own size,
-    boxes in PaddleOCR's sorted_boxes order, crops optionally turned by the 0/180 classifier (`cls_thresh`),
-    recognised in batches of `rec_batch_num` grouped by width (each batch padded to its widest crop
+    boxes in PaddleOCR's sorted_boxes order, crops optionally turned by the 0/180 classifier (`cls_thresh`;
+    with `turn_check` a turn the recogniser reads worse than the crop as it stood is undone), recognised in batches of `rec_batch_num` grouped by width (each batch padded to its widest crop
     when the recogniser's width is dynamic), lines below `drop_score` dropped.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 # RapidOCR's page steps (ppocr.prepare_page) and the empty-page retry are off unless configured
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
                  "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
-                 "retry_scale": 0.0}
+                 "retry_scale": 0.0, "turn_check": False}
 
 
 @dataclass
@@ -174,6 +174,26 @@ def classify_crops(crops: list[np.ndarray], cls, spec: SystemSpec) -> list[int]:
     return angles
 
 
+def settle_turns(crops: list, angles: list | None, texts: list, scores: list, rec, spec: SystemSpec) -> None:
+    """turn_check: each crop the classifier turned by 180 is read once more as it stood, and the reading the
+    recogniser scores higher is kept (its angle back to 0). The mobile v2 classifier turns upright lines unlike its
+    training ones: return_word_debug.jpg's sign line at 0.98, after which the v4, v5 and v6 recognisers read noise
+    (scores 0.00, 0.53, 0.60) where the line as it stood reads 0.93, 0.91, 0.92; text_cls.jpg's upside-down line
+    reads 0.95-0.99 turned and at most 0.09 as it stood. One extra recognition per turned crop. In place."""
+    turned = [i for i, a in enumerate(angles or []) if a == 180] if spec.flow.get("turn_check") else []
+    if not turned:
+        return
+    back = [cv2.rotate(crops[i], cv2.ROTATE_180) for i in turned]      # exact: a 180 turn only moves pixels
+    for i, c, t, s in zip(turned, back, *recognize_crops(back, rec, spec)):
+        if s > scores[i]:
+            crops[i], angles[i], texts[i], scores[i] = c, 0, t, s
+
+
+def needs_turn_check(pc: "PageCrops", spec: SystemSpec) -> bool:
+    """settle_turns has a crop to read again (lets /ocr skip a trip to its worker pool)."""
+    return bool(spec.flow.get("turn_check")) and 180 in (pc.angles or [])
+
+
 def recognize_crops(crops: list[np.ndarray], rec, spec: SystemSpec) -> tuple[list[str], list[float]]:
     """Texts and scores of crops, recognised in width-sorted batches of rec_batch_num; results in input order."""
     return recognize_pages([crops], rec, spec)[0]
@@ -256,17 +276,20 @@ def read_page_ppocr(page: np.ndarray, det, rec, spec: SystemSpec, cls=None) -> l
 
 
 def _ppocr_page(page: np.ndarray, det, rec, spec: SystemSpec, cls=None, max_boxes: int = 0) -> tuple[list[dict], int]:
-    pc = page_crops(page, det, spec, cls, max_boxes)
-    lines = page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
-    if retry_needed(lines, spec):
-        pc = page_crops(page, det, spec, cls, max_boxes, float(spec.flow["retry_scale"]))
-        lines = page_lines(pc, *(recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])), spec)
+    for scale in (1.0, float(spec.flow["retry_scale"])):
+        pc = page_crops(page, det, spec, cls, max_boxes, scale)
+        texts, scores = recognize_crops(pc.crops, rec, spec) if pc.crops else ([], [])
+        settle_turns(pc.crops, pc.angles, texts, scores, rec, spec)
+        lines = page_lines(pc, texts, scores, spec)
+        if not retry_needed(lines, spec):
+            break
     return lines, pc.found
 
 
 def read_crops(crops: list[np.ndarray], rec, spec: SystemSpec, cls=None) -> list[str]:
     """Text-line images read without detection (direction classifier first when given), in input order."""
     crops = [ppocr.to_bgr(c) for c in crops]
-    if cls is not None:
-        classify_crops(crops, cls, spec)
-    return recognize_crops(crops, rec, spec)[0]
+    angles = classify_crops(crops, cls, spec) if cls is not None else None
+    texts, scores = recognize_crops(crops, rec, spec)
+    settle_turns(crops, angles, texts, scores, rec, spec)
+    return texts

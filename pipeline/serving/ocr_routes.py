@@ -64,7 +64,7 @@ class _PageRunner:
 
     async def __call__(self, page: np.ndarray) -> tuple[list[dict], int]:
         """→ (the page's lines, boxes detected on it: more than max_boxes when it was capped)."""
-        from pipeline.ocr.system import page_crops, page_lines, read_page, retry_needed
+        from pipeline.ocr.system import needs_turn_check, page_crops, page_lines, read_page, retry_needed, settle_turns
 
         loop = asyncio.get_running_loop()
         if self.coalescer is None:
@@ -74,6 +74,10 @@ class _PageRunner:
             pc = await loop.run_in_executor(self.pool, page_crops, page, self.det, self.spec, self.cls,
                                             self.max_boxes, scale)
             texts, scores = (await self.coalescer.submit(pc.crops)) if pc.crops else ([], [])
+            if needs_turn_check(pc, self.spec):
+                texts, scores = list(texts), list(scores)
+                await loop.run_in_executor(self.pool, settle_turns, pc.crops, pc.angles, texts, scores, self.rec,
+                                           self.spec)
             lines = page_lines(pc, texts, scores, self.spec)
             if not retry_needed(lines, self.spec):
                 break
