@@ -7,8 +7,9 @@ Two preprocessing conventions, chosen by the detection bundle's `preprocess.resi
     pages and recognition over all crops in large batches (a Lite run costs two subprocesses per call);
   limit (PaddleOCR's, pipeline/ocr/ppocr.py; pretrained PP-OCR models): each page at its own size,
     boxes in PaddleOCR's sorted_boxes order, crops optionally turned by the 0/180 classifier (`cls_thresh`;
-    with `turn_check` a turn the recogniser reads worse than the crop as it stood is undone), recognised in batches of `rec_batch_num` grouped by width (each batch padded to its widest crop
-    when the recogniser's width is dynamic), lines below `drop_score` dropped.
+    with `turn_check` a turn the recogniser reads worse than the crop as it stood is undone), recognised in
+    batches of `rec_batch_num` grouped by width (each batch padded to its widest crop when the recogniser's width
+    is dynamic), lines below `drop_score` dropped.
 """
 from __future__ import annotations
 
