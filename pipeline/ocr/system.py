@@ -181,7 +181,7 @@ def settle_turns(crops: list, angles: list | None, texts: list, scores: list, re
     training ones: return_word_debug.jpg's sign line at 0.98, after which the v4, v5 and v6 recognisers read noise
     (scores 0.00, 0.53, 0.60) where the line as it stood reads 0.93, 0.91, 0.92; text_cls.jpg's upside-down line
     reads 0.95-0.99 turned and at most 0.09 as it stood. One extra recognition per turned crop. In place."""
-    turned = [i for i, a in enumerate(angles or []) if a == 180] if spec.flow.get("turn_check") else []
+    turned = _turns_to_check(angles, spec)
     if not turned:
         return
     back = [cv2.rotate(crops[i], cv2.ROTATE_180) for i in turned]      # exact: a 180 turn only moves pixels
@@ -190,9 +190,14 @@ def settle_turns(crops: list, angles: list | None, texts: list, scores: list, re
             crops[i], angles[i], texts[i], scores[i] = c, 0, t, s
 
 
+def _turns_to_check(angles: list | None, spec: SystemSpec) -> list[int]:
+    """The crops settle_turns reads again: those turned by 180, when turn_check is on."""
+    return [i for i, a in enumerate(angles or []) if a == 180] if spec.flow.get("turn_check") else []
+
+
 def needs_turn_check(pc: "PageCrops", spec: SystemSpec) -> bool:
     """settle_turns has a crop to read again (lets /ocr skip a trip to its worker pool)."""
-    return bool(spec.flow.get("turn_check")) and 180 in (pc.angles or [])
+    return bool(_turns_to_check(pc.angles, spec))
 
 
 def recognize_crops(crops: list[np.ndarray], rec, spec: SystemSpec) -> tuple[list[str], list[float]]:
