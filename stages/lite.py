@@ -212,6 +212,7 @@ def _note_sizes(gates: list[Gate], arm_fp32_bytes: int | None) -> None:
 
 
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
+              machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=("lite.json",), optional_outputs=("*.nb",),
               code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
                          "pipeline/tasks/reference.py"),

@@ -623,6 +623,7 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 
 
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", "serve"), make_target="deploy",
+              machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=("serving.json", "perf.json"),
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
                                 "openvino/model_int8.xml"),

@@ -596,6 +596,7 @@ def _external(cfg) -> dict[str, Path]:
 
 
 STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle", "lite", "server"), make_target="deploy",
+              machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
               code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",

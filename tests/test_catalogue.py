@@ -102,6 +102,35 @@ def test_the_runner_refuses_a_passing_stage_without_its_declared_output(tmp_path
     assert "inference.pdmodel" in outcome.error.message
 
 
+@pytest.mark.parametrize("bound", [True, False])
+def test_a_machine_bound_result_is_not_reused_on_a_cpu_with_other_kernels(tmp_path, monkeypatch, caplog, bound):
+    """server/lite/bundle/system rows were gated and timed on this CPU's kernels: a result cached on a host
+    with other ones (another bf16/int8/vector family, another ONEDNN_MAX_CPU_ISA) re-runs, with the change
+    named; a stage whose result holds anywhere (train, export) stays cached."""
+    from pipeline.core import capabilities
+    from pipeline.core.gates import Gate
+
+    runs = []
+
+    def run(ctx):
+        runs.append(capabilities.kernel_key())
+        return StageResult(gates=[Gate("server", "x", "fp32", "fp32", "accuracy")])
+
+    stage = Stage("server", (), ("server",), "deploy", run=run, machine_bound=bound)
+    runner = _runner(tmp_path)
+    monkeypatch.setenv(capabilities.ISA_ENV, "AVX2")
+    assert runner._run_one(stage).status == "OK"
+    assert runner._run_one(stage).status == "CACHED"           # same host, same kernels
+    monkeypatch.setenv(capabilities.ISA_ENV, "SSE41")          # oneDNN now runs other kernels on this very CPU
+    with caplog.at_level("INFO", logger="pipeline"):
+        outcome = runner._run_one(stage)
+    assert outcome.status == ("OK" if bound else "CACHED")
+    assert len(runs) == (2 if bound else 1)
+    if bound:
+        assert outcome.manifest["kernels"]["onednn_isa_cap"] == "SSE41"
+        assert "onednn_isa_cap AVX2 -> SSE41" in caplog.text and "re-running" in caplog.text
+
+
 def test_a_kernel_killed_stage_is_named(capsys):
     code = supervise.run_supervised([], cmd=[sys.executable, "-c",
                                              "import os, signal, pipeline.core.supervise as s; s.mark_stage('server'); "

@@ -19,6 +19,7 @@ from pipeline.bundle import layout as bundle_layout
 from pipeline.engines.base import Engine
 from pipeline.core.errors import ConfigError, MissingArtifact
 from pipeline.bundle.recommend import SERVABLE
+from pipeline.core.capabilities import KERNEL_TIERS, kernel_family   # noqa: F401 (re-exported)
 
 MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (stages/system.py imports this name)
 _DEFAULT_SETTINGS = {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
@@ -57,23 +58,7 @@ def precision_settings(kind: str, precision: str, tuned: dict | None, keep_fp32_
     return {p: {"threads": settings[p]["threads"], **extra} for p in ("batch1", "batchN")}
 
 
-# The kernels a low precision runs with, strongest first (oneDNN, OpenVINO and ONNX Runtime pick the strongest the
-# CPU has). A row's gate and its interleaved timing hold for the family it ran on: bf16 on AMX tiles vs avx512_bf16
-# dot products (other speed, other accumulation order), int8 with VNNI (exact int32 dot products) vs without (u8*s8
-# pair sums saturate in int16: other numbers; issue 29: ONNX Runtime int8 0.742 on AVX2, 0.633 on VNNI).
-KERNEL_TIERS = {"bf16": (("amx_bf16", frozenset({"amx_bf16"})), ("avx512_bf16", frozenset({"avx512_bf16"}))),
-                "int8": (("amx_int8", frozenset({"amx_int8"})), ("vnni", frozenset({"avx512_vnni", "avx_vnni"})))}
 PASSED = ("chosen", "slower")      # verdicts of rows that passed every check and min_speedup (pipeline/bundle/recommend.py)
-
-
-def kernel_family(precision: str, flags: frozenset | set) -> str | None:
-    """The kernel family a CPU with `flags` runs `precision` on: "fp32" for fp32 (and fp16, a GPU precision),
-    "no-vnni" for int8 without VNNI, None for bf16 without bf16 (it cannot run)."""
-    tiers = KERNEL_TIERS.get(precision)
-    if tiers is None:
-        return "fp32"
-    hit = next((name for name, need in tiers if set(flags) & need), None)
-    return hit or (None if precision == "bf16" else "no-vnni")
 
 
 def built_flags(folder: Path) -> frozenset | None:

@@ -157,8 +157,36 @@ def bf16_cpu_status() -> tuple[bool, str]:
     return True, f"CPU has {'/'.join(native)} and Paddle supports bf16"
 
 
+# The kernels a low precision runs with, strongest first (oneDNN, OpenVINO and ONNX Runtime pick the strongest the
+# CPU has). A row's gate and its interleaved timing hold for the family it ran on: bf16 on AMX tiles vs avx512_bf16
+# dot products (other speed, other accumulation order), int8 with VNNI (exact int32 dot products) vs without (u8*s8
+# pair sums saturate in int16: other numbers; issue 29: ONNX Runtime int8 0.742 on AVX2, 0.633 on VNNI).
+KERNEL_TIERS = {"bf16": (("amx_bf16", frozenset({"amx_bf16"})), ("avx512_bf16", frozenset({"avx512_bf16"}))),
+                "int8": (("amx_int8", frozenset({"amx_int8"})), ("vnni", frozenset({"avx512_vnni", "avx_vnni"})))}
+
+
+def kernel_family(precision: str, flags: frozenset | set) -> str | None:
+    """The kernel family a CPU with `flags` runs `precision` on: "fp32" for fp32 (and fp16, a GPU precision),
+    "no-vnni" for int8 without VNNI, None for bf16 without bf16 (it cannot run)."""
+    tiers = KERNEL_TIERS.get(precision)
+    if tiers is None:
+        return "fp32"
+    hit = next((name for name, need in tiers if set(flags) & need), None)
+    return hit or (None if precision == "bf16" else "no-vnni")
+
+
 def describe() -> dict:
     """For manifests: what the product believed about the host, and whether that was simulated."""
     flags = cpu_flags()
     return {"arch": host_arch(), "bf16": sorted(flags & BF16_FLAGS), "vnni": sorted(flags & VNNI_FLAGS),
             "avx512": any(f.startswith("avx512") for f in flags), "profile": profile() or None}
+
+
+def kernel_key() -> dict:
+    """The kernels this host's engines pick for each precision: what a measured row (its gate, its timing, the
+    ranking it enters) holds for. Two hosts with equal keys run the same kernel families; a stage whose results
+    depend on them (Stage.machine_bound) re-runs when the key changes (pipeline/core/runner.py)."""
+    flags = cpu_flags()
+    vector = next((n for n, f in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")) if f in flags), "baseline")
+    return {"arch": host_arch(), "vector": vector, "bf16": kernel_family("bf16", flags),
+            "int8": kernel_family("int8", flags), "onednn_isa_cap": _isa_cap() or None}

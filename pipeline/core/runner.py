@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.core import catalogue, console, env, resources, runlock
+from pipeline.core.capabilities import kernel_key
 from pipeline.core.artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
                         write_json)
 from pipeline.core.config import Config, save_resolved
@@ -82,6 +83,9 @@ class Stage:
     # runs the stage as several processes (training: pipeline/distributed.launch_stage); the runner calls it
     # when the layout needs a launch, so the run core never imports the launcher
     launcher: Callable | None = None
+    # its gates and timings hold for the CPU kernels they ran on (engines' bf16/int8/vector families): a cached
+    # result from a host with other kernels is not reused (capabilities.kernel_key enters the fingerprint)
+    machine_bound: bool = False
 
 
 @dataclass
@@ -131,6 +135,8 @@ def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict], lay
     }
     if stage.layout_keys:
         blob["layout"] = layout
+    if stage.machine_bound:
+        blob["kernels"] = kernel_key()
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -293,6 +299,10 @@ class Runner:
             # auto (same config, code and inputs; results equal within noise)
             accepted.add(fingerprint(self.cfg, stage, manifests, current.get("layout_key")))
         if current.get("fingerprint") not in accepted:
+            theirs, mine = current.get("kernels"), kernel_key()
+            if stage.machine_bound and theirs and theirs != mine:
+                changed = ", ".join(f"{k} {theirs.get(k)} -> {v}" for k, v in mine.items() if theirs.get(k) != v)
+                log.info("[%s] measured on a CPU with other kernels (%s); re-running on this one", stage.name, changed)
             return None
         try:
             verify_outputs(self.run_dir / stage.name, current)
@@ -352,6 +362,7 @@ class Runner:
             "info": result.info,
             "versions": env.versions(),
             "cpu_tuning": env.tuning_record(),
+            **({"kernels": kernel_key()} if stage.machine_bound else {}),
             "started": started,
             "duration_s": round(seconds, 2),
         }
