@@ -129,6 +129,11 @@ def test_a_machine_bound_result_is_not_reused_on_a_cpu_with_other_kernels(tmp_pa
     if bound:
         assert outcome.manifest["kernels"]["onednn_isa_cap"] == "SSE41"
         assert "onednn_isa_cap AVX2 -> SSE41" in caplog.text and "re-running" in caplog.text
+        # a later stage reading it from a host with other kernels is told why it is stale
+        monkeypatch.setenv(capabilities.ISA_ENV, "AVX2")
+        reader = Stage("lite", ("server",), ("lite",), "deploy", run=run)
+        with pytest.raises(MissingArtifact, match="other CPU kernels .onednn_isa_cap SSE41 -> AVX2"):
+            runner._inputs(reader)
 
 
 def test_a_kernel_killed_stage_is_named(capsys):

@@ -140,6 +140,15 @@ def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict], lay
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def _other_kernels(stage: Stage, manifest: dict) -> str:
+    """What differs between the kernels a machine-bound stage's output was measured on and this host's
+    ("bf16 amx_bf16 -> avx512_bf16"); "" when they are the same, or the stage holds on any CPU."""
+    theirs, mine = manifest.get("kernels"), kernel_key()
+    if not stage.machine_bound or not theirs:
+        return ""
+    return ", ".join(f"{k} {theirs.get(k)} -> {v}" for k, v in mine.items() if theirs.get(k) != v)
+
+
 def _not_ours(*folders: Path) -> Path | None:
     """The first of the folders that exists without a manifest file: something a user put there."""
     return next((f for f in folders if (f.exists() or f.is_symlink()) and not (f / MANIFEST).is_file()), None)
@@ -180,9 +189,10 @@ class Runner:
                                       hint=f"run `make {maker}` first (same CONFIG)")
             verify_outputs(folder, man)
             if man.get("fingerprint") != self._expected_fingerprint(self.stages[dep]):
+                why = "another config or code version" if not _other_kernels(self.stages[dep], man) else \
+                    f"other CPU kernels ({_other_kernels(self.stages[dep], man)})"
                 raise MissingArtifact(f"{stage.name} needs the '{dep}' output at {folder}, but it was made with "
-                                      f"another config or code version (stale)",
-                                      hint=f"run `make {maker}` first (same CONFIG)")
+                                      f"{why} (stale)", hint=f"run `make {maker}` first (same CONFIG)")
             dirs[dep], manifests[dep] = folder, man
         for dep, folder in (stage.external_inputs(self.cfg) if stage.external_inputs else {}).items():
             man = load_manifest(folder)
@@ -299,10 +309,9 @@ class Runner:
             # auto (same config, code and inputs; results equal within noise)
             accepted.add(fingerprint(self.cfg, stage, manifests, current.get("layout_key")))
         if current.get("fingerprint") not in accepted:
-            theirs, mine = current.get("kernels"), kernel_key()
-            if stage.machine_bound and theirs and theirs != mine:
-                changed = ", ".join(f"{k} {theirs.get(k)} -> {v}" for k, v in mine.items() if theirs.get(k) != v)
-                log.info("[%s] measured on a CPU with other kernels (%s); re-running on this one", stage.name, changed)
+            if _other_kernels(stage, current):
+                log.info("[%s] measured on a CPU with other kernels (%s); re-running on this one", stage.name,
+                         _other_kernels(stage, current))
             return None
         try:
             verify_outputs(self.run_dir / stage.name, current)
