@@ -19,7 +19,7 @@ from pipeline.bundle import layout as bundle_layout
 from pipeline.engines.base import Engine
 from pipeline.core.errors import ConfigError, MissingArtifact
 from pipeline.bundle.recommend import SERVABLE
-from pipeline.core.capabilities import KERNEL_TIERS, kernel_family   # noqa: F401 (re-exported)
+from pipeline.core.capabilities import KERNEL_TIERS, kernel_family
 
 MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (stages/system.py imports this name)
 _DEFAULT_SETTINGS = {"batch1": {"threads": 1}, "batchN": {"threads": 0}}

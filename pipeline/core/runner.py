@@ -189,8 +189,8 @@ class Runner:
                                       hint=f"run `make {maker}` first (same CONFIG)")
             verify_outputs(folder, man)
             if man.get("fingerprint") != self._expected_fingerprint(self.stages[dep]):
-                why = "another config or code version" if not _other_kernels(self.stages[dep], man) else \
-                    f"other CPU kernels ({_other_kernels(self.stages[dep], man)})"
+                changed = _other_kernels(self.stages[dep], man)
+                why = f"other CPU kernels ({changed})" if changed else "another config or code version"
                 raise MissingArtifact(f"{stage.name} needs the '{dep}' output at {folder}, but it was made with "
                                       f"{why} (stale)", hint=f"run `make {maker}` first (same CONFIG)")
             dirs[dep], manifests[dep] = folder, man
@@ -309,9 +309,9 @@ class Runner:
             # auto (same config, code and inputs; results equal within noise)
             accepted.add(fingerprint(self.cfg, stage, manifests, current.get("layout_key")))
         if current.get("fingerprint") not in accepted:
-            if _other_kernels(stage, current):
-                log.info("[%s] measured on a CPU with other kernels (%s); re-running on this one", stage.name,
-                         _other_kernels(stage, current))
+            changed = _other_kernels(stage, current)
+            if changed:
+                log.info("[%s] measured on a CPU with other kernels (%s); re-running on this one", stage.name, changed)
             return None
         try:
             verify_outputs(self.run_dir / stage.name, current)
