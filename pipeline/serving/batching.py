@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Hashable
 import numpy as np
 
 MODES = ("auto", "on", "off")
-# the serve.batching keys' defaults (configs/defaults.yaml says how min_saving_ms was measured)
+# the serve.batching keys' defaults (docs/serving_hardening.md (serve settings) says how min_saving_ms was measured)
 DEFAULTS = {"mode": "auto", "max_batch": 8, "max_wait_ms": 0.0, "min_saving_ms": 0.5, "min_saving_ratio": 0.1}
 
 
