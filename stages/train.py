@@ -9,7 +9,6 @@ pipeline/training/loop.py; multi-process runs in pipeline/training/distributed.p
 from __future__ import annotations
 
 import json
-import logging
 
 from pipeline import ocr
 from pipeline.core import env
@@ -22,8 +21,6 @@ from pipeline.training.distributed import launch_stage
 from pipeline.training.import_run import import_model, import_onnx
 from pipeline.training.reference import checked_model, reference_model, write_info, write_reference
 from pipeline.training.validation import validation_gate
-
-log = logging.getLogger("pipeline")
 
 
 def run(ctx: StageContext) -> StageResult:
