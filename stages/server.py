@@ -8,6 +8,8 @@ where a GPU is). Every row that runs also gets latency/throughput figures; fp32 
 profile; every row that passed, low precision included, is screened against server.recommend and the fastest
 within budget is recommended for serving (pipeline/bundle/recommend.py).
 Writes: models/int8 (and models/fp16 on GPU), onnx/model.onnx for the bundle, serving.json, perf.json.
+The rows, their tuning and timing and the HTTP row live in pipeline/evaluation/; the recommendation in
+pipeline/bundle/recommendation.py (docs/stages.md, "Where each stage's jobs live").
 """
 from __future__ import annotations
 

@@ -9,6 +9,9 @@ the flow page → boxes → crops → recognition runs per engine row, and each 
   pair, HTTP /ocr: drop vs the fp32 chain.
 Then the bundle is assembled, verifies itself (hashes, both model bundles, the system on its
 sample pages) and is published next to the parts' bundles.
+The pages live in pipeline/ocr/system_pages.py, the rows and the choice of what /ocr serves in
+pipeline/evaluation/system_*.py (its rules in pipeline/bundle/system_choice.py), the /ocr gate in
+pipeline/evaluation/http_rows.py, the bundle's files in pipeline/bundle/system_write.py.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ Writes: model.pdparams (the best epoch's weights, float32), info.json (labels/ch
 spec), val_slice.npz (inputs, labels and the trained model's outputs: the reference every later stage is
 gated on), calib.npz (INT8 calibration inputs), metrics.jsonl (per-epoch telemetry). The manifest records
 requested vs effective precision. The epoch loop, checkpoints/resume and the NaN guard live in
-pipeline/training/loop.py; multi-process runs in pipeline/training/distributed.py.
+pipeline/training/loop.py; multi-process runs in pipeline/training/distributed.py; the checks before and after
+training in pipeline/training/checks.py, the reference files in reference.py, the gate in validation.py, a model
+imported instead of trained (model.source) in import_run.py.
 """
 from __future__ import annotations
 
