@@ -3,7 +3,7 @@
 Issue 29 asks of the recogniser's bf16 row: >= 1.4x its engine's fp32 throughput at batch 8 (>= 2x on AMX), timed
 interleaved; stage figures taken at different moments of a busy machine oversell it. This loads each row as `serve`
 does (the bundled model, its keep list included: `server/openvino/model_bf16.xml`), pairs it with the same engine's
-fp32 model, and times the two alternately in one loop (stages.server.speed_vs_fp32, the ratio the server stage
+fp32 model, and times the two alternately in one loop (pipeline.evaluation.timing.speed_vs_fp32, the ratio the server stage
 records), at batch 1 (p50) and batch N (samples/s), on the bundle's own samples tiled to the batch. Rows whose kernels
 this CPU does not run (bf16 without avx512_bf16/AMX, VNNI-measured int8 elsewhere) are listed as not run, and a row
 that ran another precision than asked (a bf16 hint on a CPU without it) says what ran.
@@ -62,7 +62,7 @@ def main() -> int:
     from pipeline.engines.evidence import head
     from rich.console import Console
     from rich.table import Table
-    from stages.server import speed_vs_fp32
+    from pipeline.evaluation.timing import speed_vs_fp32
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", type=Path, default=None, help="a model or system bundle (default: the newest "

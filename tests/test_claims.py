@@ -193,14 +193,14 @@ def test_the_docs_say_what_make_test_runs_end_to_end():
 
 def test_the_system_stage_turns_any_engine_exception_into_that_rows_fail(tmp_path):
     """The OCR system's pair rows caught only PipelineError: a RuntimeError from an engine crashed the stage."""
-    from stages.system import _Chain, _pair_row
+    from pipeline.evaluation.system_rows import Chain, pair_row
 
     subs = {"detection": tmp_path, "recognition": tmp_path}
-    chain = _Chain({"images": []}, {}, None, {}, [], subs, evidence=tmp_path / "evidence")
+    chain = Chain({"images": []}, {}, None, {}, [], subs, evidence=tmp_path / "evidence")
 
     def make(role, bundle):
         raise RuntimeError("engine exploded")
 
-    g = _pair_row(chain, "onnxruntime fp32", "fp32", make, 0.01)
+    g = pair_row(chain, "onnxruntime fp32", "fp32", make, 0.01)
     assert g.status == "FAIL" and g.reason == "RuntimeError: engine exploded"
     assert (tmp_path / "evidence" / "onnxruntime_fp32.txt").is_file()

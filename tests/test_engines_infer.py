@@ -289,7 +289,7 @@ def test_int8_advice_names_a_skip_set_that_could_not_be_judged():
 
     from pipeline.core.errors import PipelineError
     from pipeline.engines.quant import advise
-    from stages.server import _advice_message
+    from pipeline.evaluation.int8_advice import advice_message
 
     ranked = [{"layer": f"w{i}", "op": "conv2d", "added_error": 0.1} for i in range(4)]
     q = SimpleNamespace(skip=[], algo="hist", batch_nums=3, sensitivity_budget_s=60)
@@ -303,16 +303,16 @@ def test_int8_advice_names_a_skip_set_that_could_not_be_judged():
 
     first = advise(ranked, lambda s: f"q{len(s)}", judge_from(1), budget_s=10)
     assert first["stopped"] == "error" and len(first["trials"]) == 1
-    msg = _advice_message(q, "accuracy", 0.9, ranked, first)
+    msg = advice_message(q, "accuracy", 0.9, ranked, first)
     assert msg.startswith("no skip set could be checked against the int8 gate") and "below AVX2" in msg
     later = advise(ranked, lambda s: f"q{len(s)}", judge_from(2), budget_s=10)
-    msg = _advice_message(q, "accuracy", 0.9, ranked, later)
+    msg = advice_message(q, "accuracy", 0.9, ranked, later)
     assert msg.startswith("no skip set recovers") and "skipped the top 1 of 4" in msg
     assert "skipping the top 2 of 4 ranked layers could not be judged" in msg and "server.quant.algo" in msg
 
 
 def test_int8_speed_vs_fp32_is_recorded_as_time_ratios(tiny):
-    from stages.server import speed_vs_fp32
+    from pipeline.evaluation.timing import speed_vs_fp32
 
     q = quantize_ptq(tiny["prefix"], tiny["dir"] / "int8-speed", tiny["calib"], algo="abs_max", batch_size=32,
                      batch_nums=1)

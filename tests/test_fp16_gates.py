@@ -221,7 +221,7 @@ def test_the_config_key_drives_both_fp16_paths(monkeypatch):
 
     from pipeline.core.config import load_config
     from pipeline.engines import paddle_infer as pi
-    from stages import server
+    from pipeline.evaluation import paddle_rows
 
     cfg = load_config([], ["server.fp16.keep_fp32_ops=[softmax, matmul_v2]"])
     assert cfg.server.fp16.keep_fp32_ops == ["matmul_v2", "softmax"]
@@ -239,14 +239,14 @@ def test_the_config_key_drives_both_fp16_paths(monkeypatch):
     monkeypatch.setattr(pi, "make_fp16_emulated", lambda p, o, d, keep_fp32_ops: seen.update(cpu=keep_fp32_ops) or
                         {"fp32_ops_user_black_list": sorted(keep_fp32_ops), "fp32_ops_user_absent": []})
     monkeypatch.setattr(pi, "InferenceEngine", Eng)
-    monkeypatch.setattr(server, "_row", lambda *a, **k: "gate")
-    monkeypatch.setattr(server, "batch_sizes", lambda *a: {})
+    monkeypatch.setattr(paddle_rows, "engine_row", lambda *a, **k: "gate")
+    monkeypatch.setattr(paddle_rows, "batch_sizes", lambda *a: {})
     ctx = SimpleNamespace(cfg=cfg, out_dir=Path("/nonexistent"), work_dir=Path("/nonexistent"))
     ref = SimpleNamespace(task=None, model_prefix="m", inputs=None)
-    assert server._fp16_row(ctx, ref, "gpu", {}, {}, ()) == "gate"
+    assert paddle_rows.fp16_row(ctx, ref, "gpu", {}, {}, ()) == "gate"
     assert seen == {"gpu": ["matmul_v2", "softmax"], "engine": ["matmul_v2", "softmax"]}
     info: dict = {}
-    server._fp16_row(ctx, ref, "cpu", {}, info, ())
+    paddle_rows.fp16_row(ctx, ref, "cpu", {}, info, ())
     assert seen["cpu"] == ["matmul_v2", "softmax"] and info["fp16_emulation"]["fp32_ops_user_black_list"] == seen["cpu"]
 
 

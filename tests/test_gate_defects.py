@@ -184,11 +184,11 @@ def test_system_rows_catch_a_wrong_dictionary_line(pages, row):
     """Each system row's default (system.gates.<row>) against the fp32 chain: identical reading passes, a dictionary
     whose line for a digit holds another digit fails (digits carry the amounts, dates and invoice numbers)."""
     from pipeline.ocr.system_metrics import agreement
-    from stages.system import _row
+    from pipeline.evaluation.system_rows import system_row
 
     p, keys = pages
     limit = load_config([]).system.gates[row]
-    fp32 = _row("fp32", "fp32", "fp32", _read(p), p, keys, floors=(0.0, 0.0))
+    fp32 = system_row("fp32", "fp32", "fp32", _read(p), p, keys, floors=(0.0, 0.0))
     for digit, other in (("0", "8"), ("1", "7"), ("5", "6")):
         honest = _read(p)
         bad = _read(p, {digit: other})
@@ -196,6 +196,6 @@ def test_system_rows_catch_a_wrong_dictionary_line(pages, row):
             assert 1.0 - agreement(honest, _read(p)) <= limit
             assert 1.0 - agreement(bad, _read(p)) > limit, digit
             continue
-        ok = _row(row, row, row, honest, p, keys, fp32.extra, _read(p), limit)
-        g = _row(row, row, row, bad, p, keys, fp32.extra, _read(p), limit)
+        ok = system_row(row, row, row, honest, p, keys, fp32.extra, _read(p), limit)
+        g = system_row(row, row, row, bad, p, keys, fp32.extra, _read(p), limit)
         assert ok.status == OK and g.status == FAIL, (row, digit, g.reason)

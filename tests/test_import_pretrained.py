@@ -144,7 +144,7 @@ def test_jit_loaded_program_fine_tunes_only_with_both_traps_handled(tiny_export)
 
 
 def test_unchanged_weights_fail_naming_the_cause(tiny_export):
-    from stages.train import check_weights_moved
+    from pipeline.training.checks import check_weights_moved
 
     model = paddle.jit.load(str(imported.resolve_prefix(tiny_export)))
     state = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -163,7 +163,7 @@ def test_vanishing_lr_moves_nothing_and_says_lr(tiny_export):
     """A learning rate that only nudges exact zeros (Adam's first step is ~lr per element: 0 -> 1e-30, every other
     value rounds back to itself) changed bits but moved no tensor: the check fails and names train.lr, as a run with
     train.lr=1e-30 on PP-OCRv4 rec did (8 of 234 tensors had changed bits and passed the check before)."""
-    from stages.train import check_weights_moved
+    from pipeline.training.checks import check_weights_moved
 
     model = imported.trainable(imported.resolve_prefix(tiny_export))
     with paddle.no_grad():

@@ -76,7 +76,7 @@ def test_default_gates_carry_the_text_bounds_for_every_precision():
 
 
 def test_candidate_rows_are_excluded_required_rows_fail():
-    from stages.server import role_of
+    from pipeline.evaluation.rows import role_of
 
     def failed():
         return Gate("server", "onnxruntime int8", "int8", "int8", "seq_accuracy", status=FAIL, reason="drop 0.08")

@@ -146,7 +146,7 @@ def test_a_part_says_what_it_serves_and_why(tmp_path, monkeypatch):
 
 
 def test_system_pin_is_checked(tmp_path, monkeypatch):
-    from stages.system import _parts_served
+    from pipeline.bundle.system import parts_served
     from pipeline.core.config import load_config
     from pipeline.core.errors import ConfigError
 
@@ -155,11 +155,11 @@ def test_system_pin_is_checked(tmp_path, monkeypatch):
         load_config(base, ["system.pin={recognition: openvino-fp32}"])
     sub = _model_bundle(tmp_path, _flags("intel_amx", "", monkeypatch))
     sc_cfg = load_config(base, ["system.pin={recognition: 'openvino fp32'}"]).system
-    assert _parts_served(sc_cfg, {"recognition": sub})["recognition"]["engine"] == "openvino"
+    assert parts_served(sc_cfg, {"recognition": sub})["recognition"]["engine"] == "openvino"
     with pytest.raises(ConfigError, match="no part for"):
-        _parts_served(sc_cfg, {"detection": sub})
+        parts_served(sc_cfg, {"detection": sub})
     with pytest.raises(ConfigError, match="needs system.engine: auto"):
-        _parts_served(load_config(base, ["system.engine=onnxruntime", "system.pin={recognition: 'openvino fp32'}"]
+        parts_served(load_config(base, ["system.engine=onnxruntime", "system.pin={recognition: 'openvino fp32'}"]
                                   ).system, {"recognition": sub})
 
 
@@ -207,19 +207,19 @@ def test_bench_lowprec_times_each_passed_bundled_row_this_cpu_runs(tmp_path, mon
 def test_the_system_runs_a_part_in_bf16_only_where_its_own_bf16_row_passed(tmp_path):
     """On a bf16 CPU the system's Paddle bf16 row read 5 % of the lines (the v4 recogniser's bf16 row had failed
     its own gate, or not run): a part without a passing row of that subject is not run so."""
-    from stages.system import _part_passed
+    from pipeline.evaluation.system_engines import part_passed
 
     (tmp_path / "manifest.json").write_text(json.dumps({"gates": [
         {"subject": "paddle-inference bf16", "status": "FAIL"}, {"subject": "openvino bf16", "status": "OK"}]}))
-    assert _part_passed(tmp_path, "openvino bf16") and not _part_passed(tmp_path, "paddle-inference bf16")
-    assert not _part_passed(tmp_path / "missing", "openvino bf16")
+    assert part_passed(tmp_path, "openvino bf16") and not part_passed(tmp_path, "paddle-inference bf16")
+    assert not part_passed(tmp_path / "missing", "openvino bf16")
 
 
 def test_a_system_row_is_a_candidate_when_a_part_asked_for_that_row_only_as_a_candidate(tmp_path):
     """make real-ocr on Zen 4 failed on the system's Paddle bf16 row (every part on Paddle bf16, line accuracy drop
     0.021 > 0.02) though every part's config asks for bf16 only as a serving candidate (server.roles): the system
     row inherits that role (EXCLUDED, reported, not a failed run); a row every part requires stays required."""
-    from stages.system import _system_role
+    from pipeline.evaluation.system_engines import system_role
 
     subs = {}
     for part, role in (("det", "candidate"), ("rec", "required")):
@@ -229,7 +229,7 @@ def test_a_system_row_is_a_candidate_when_a_part_asked_for_that_row_only_as_a_ca
             {"stage": "server", "subject": "paddle-inference int8", "status": "OK", "extra": {"role": "required"}},
             {"stage": "lite", "subject": "paddle-inference fp16", "status": "OK", "extra": {"role": "candidate"}}]}))
         subs[part] = tmp_path / part
-    assert _system_role(subs, "paddle-inference bf16") == "candidate"
-    assert _system_role(subs, "paddle-inference int8") == "required"
-    assert _system_role(subs, "paddle-inference fp16") == "required"     # another stage's row does not count
-    assert _system_role({"det": tmp_path / "missing"}, "paddle-inference bf16") == "required"
+    assert system_role(subs, "paddle-inference bf16") == "candidate"
+    assert system_role(subs, "paddle-inference int8") == "required"
+    assert system_role(subs, "paddle-inference fp16") == "required"     # another stage's row does not count
+    assert system_role({"det": tmp_path / "missing"}, "paddle-inference bf16") == "required"

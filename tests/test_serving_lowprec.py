@@ -167,12 +167,12 @@ def _tiny_onnx(path: Path) -> Path:
 
 
 def test_openvino_bf16_row_is_skipped_without_bf16(monkeypatch):
-    from stages.server import _openvino_bf16_row
+    from pipeline.evaluation.onnx_rows import openvino_bf16_row
 
     monkeypatch.setenv(caps.PROFILE_ENV, "avx2")
     ctx = SimpleNamespace(cfg=load_config([], []))
     task = SimpleNamespace(primary_metric="accuracy")
-    g = _openvino_bf16_row(ctx, task, Path("unused.onnx"), ())
+    g = openvino_bf16_row(ctx, task, Path("unused.onnx"), ())
     assert g.status == "SKIPPED" and "avx512_bf16/amx_bf16" in g.reason and "f32" in g.reason
 
 
@@ -208,13 +208,13 @@ def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
     """The server stage's HTTP row on an int8 recommendation: subject, precision and tolerance are int8's."""
     from pipeline.engines import registry
     from pipeline.tasks.reference import load_reference
-    from stages.server import _http_row
+    from pipeline.evaluation.http_rows import predict_http_row
 
     cfg = load_config([Path("configs/smoke.yaml")], ["server.http.max_requests=8"])
     ref = load_reference(smoke_chain / "export")
     eng = registry.make_routed("onnxruntime", smoke_chain / "server" / "onnx" / "model_int8.onnx", "int8",
                                {"batch1": {"threads": 1}, "batchN": {"threads": 1}})
-    g = _http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
+    g = predict_http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
     assert g.subject == "http /predict as served" and g.precision_requested == "int8"
     assert g.precision_effective == eng.effective_precision and g.extra["engine"] == "onnxruntime"
     assert g.status == "OK", g.reason
@@ -259,18 +259,18 @@ def test_openvino_bf16_row_writes_the_ir_it_is_gated_on(tmp_path, monkeypatch):
     """With or without a keep list, the row's model is server/openvino/model_bf16.xml (+ .bin) in the stage's
     output, the file the bundle stage copies and serving loads."""
     pytest.importorskip("openvino")
-    import stages.server as server
+    import pipeline.evaluation.onnx_rows as onnx_rows
     from pipeline.engines import ov
 
     monkeypatch.setattr(ov, "bf16_status", lambda: (True, "test"))
     made = []
     monkeypatch.setattr("pipeline.engines.registry.make", lambda kind, model, prec, **kw: made.append(
         (kind, Path(model), prec)) or SimpleNamespace(notes=[], evidence={}))
-    monkeypatch.setattr(server, "_row", lambda *a, **kw: SimpleNamespace(status="FAIL"))
+    monkeypatch.setattr(onnx_rows, "engine_row", lambda *a, **kw: SimpleNamespace(status="FAIL"))
     for keep in ([], ["conv"]):
         cfg = load_config([], [f"server.bf16.openvino_keep_fp32=[{', '.join(keep)}]"])
         out = tmp_path / f"out{len(keep)}"
         ctx = SimpleNamespace(cfg=cfg, work_dir=tmp_path / f"work{len(keep)}", out_dir=out)
-        server._openvino_bf16_row(ctx, SimpleNamespace(primary_metric="accuracy"), _tiny_onnx(tmp_path / "m.onnx"), ())
+        onnx_rows.openvino_bf16_row(ctx, SimpleNamespace(primary_metric="accuracy"), _tiny_onnx(tmp_path / "m.onnx"), ())
         assert made[-1] == ("openvino", out / "openvino" / "model_bf16.xml", "bf16")
         assert (out / "openvino" / "model_bf16.xml").is_file() and (out / "openvino" / "model_bf16.bin").is_file()

@@ -147,8 +147,10 @@ def test_fallbacks_put_the_smallest_gain_back_on_fp32_first():
 
 
 def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
-    """stages.system with stub gate rows (kept(combo) -> lines kept) and stub timings (per row)."""
-    import stages.system as st
+    """The system stage's choice (pipeline/evaluation/system_serving.py) with stub gate rows (kept(combo) -> lines
+    kept) and stub timings (per row)."""
+    import pipeline.evaluation.system_serving as st
+    from pipeline.evaluation.system_rows import Chain
     from pipeline.core.config import load_config
 
     subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
@@ -159,7 +161,7 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
     monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg: cands[sub.name[:3]
                         .replace("det", "detection").replace("rec", "recognition")])
     monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
-    monkeypatch.setattr(st, "_parts_served", lambda sc, s: {
+    monkeypatch.setattr("pipeline.bundle.system.parts_served", lambda sc, s: {
         r: ({"engine": pin[r].split()[0], "precision": pin[r].split()[1], "by": f"pinned (system.pin.{r})",
              "why": "pinned"} if pin and r in pin else
             {"engine": "paddle-inference", "precision": "int8", "by": "recommendation", "why": "3.3x"}) for r in s})
@@ -181,11 +183,11 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
             out[k] = {"seconds": 6.0 + sum(part_s[c[r]] for r in subs), "parts": {r: part_s[c[r]] for r in subs}}
         return out
 
-    monkeypatch.setattr(st, "_combo_row", combo_row)
-    monkeypatch.setattr(st, "_time_sets", time_sets)
-    chain = st._Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs=subs)
+    monkeypatch.setattr(st, "combo_row", combo_row)
+    monkeypatch.setattr(st, "time_combos", time_sets)
+    chain = Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs=subs)
     ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
-    gates = st._served_rows(ctx, chain, 1)
+    gates = st.served_rows(ctx, chain, 1)
     return chain, gates, tried
 
 
@@ -250,7 +252,7 @@ def test_a_system_rows_budget_below_one_field_of_its_pages_is_one_field(monkeypa
     """As every gate (metric_check's samples): on 8 pages of 24 fields a 0.01 field budget allowed no field to change,
     so the v5 system's Lite x86 fp32 row failed on one field (drop 0.0417); one field now passes, two fail, and a
     zero budget stays exact."""
-    import stages.system as st
+    import pipeline.evaluation.system_rows as st
 
     def score(fields_ok, lines_ok=140):
         return {"line_accuracy": lines_ok / 140, "field_accuracy": fields_ok / 24, "lines": 140.0, "fields": 24.0}
@@ -259,6 +261,6 @@ def test_a_system_rows_budget_below_one_field_of_its_pages_is_one_field(monkeypa
     for got, budget, status in ((21, 0.01, OK), (20, 0.01, FAIL), (21, 0.0, FAIL), (22, 0.0, OK)):
         monkeypatch.setattr(st, "_score", lambda lines, pages, keys, s=score(got): s)
         monkeypatch.setattr("pipeline.ocr.system_metrics.agreement", lambda a, b: 1.0)
-        g = st._row("lite x86 fp32", "fp32", "fp32", [], {}, {}, ref=ref, ref_lines=[], drop=budget)
+        g = st.system_row("lite x86 fp32", "fp32", "fp32", [], {}, {}, ref=ref, ref_lines=[], drop=budget)
         assert g.status == status, (got, budget, g.reason)
         assert ("one sample allowed" in g.checks[1].detail) == (budget > 0)

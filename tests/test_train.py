@@ -315,7 +315,7 @@ def test_label_out_of_range_names_the_model_size():
     import paddle
 
     from pipeline.core.errors import DataError
-    from stages.train import check_labels, output_classes
+    from pipeline.training.checks import check_labels, output_classes
 
     model = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(4, 3))
     classes = output_classes(model, np.zeros((2, 1, 2, 2), np.float32))

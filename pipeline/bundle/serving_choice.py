@@ -21,7 +21,7 @@ from pipeline.core.errors import ConfigError, MissingArtifact
 from pipeline.bundle.recommend import SERVABLE
 from pipeline.core.capabilities import KERNEL_TIERS, kernel_family
 
-MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (stages/system.py imports this name)
+MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (evaluation/system_engines.py imports this name)
 _DEFAULT_SETTINGS = {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
 log = logging.getLogger("pipeline.serving.app")
 

@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.bundle import layout
 from pipeline.bundle.format import load_infer_config, verify_hashes
 from pipeline.data.imagedecode import decode_file
-from pipeline.core.errors import IntegrityError, MissingArtifact
+from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
 from pipeline.core.gates import Check
 from pipeline.ocr.system import SystemSpec, read_pages
 from pipeline.ocr.system_metrics import agreement
@@ -267,3 +267,16 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
                                    miss <= limit)))
     return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
             "ok": all(c["passed"] for c in checks)}
+
+
+def parts_served(sc, subs: dict) -> dict:
+    """role -> what the part serves and why (its recommendation as this CPU runs it, or system.pin.<role>)."""
+    if sc.pin and sc.engine != "auto":
+        raise ConfigError(f"system.pin {dict(sc.pin)} needs system.engine: auto (it is {sc.engine!r})",
+                          hint="set system.engine=auto, or drop system.pin")
+    unknown = sorted(set(sc.pin) - set(subs))
+    if unknown:
+        raise ConfigError(f"system.pin names {unknown[0]!r}, which this system has no part for",
+                          hint=f"one of {', '.join(subs)}")
+    return {r: part_serving(b, sc.pin.get(r), r) for r, b in subs.items()}
+

@@ -29,6 +29,7 @@ OVER_BUDGET = "over budget"
 TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
 ROUNDS = 2
 MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
+SERVED = "as served (system.engine=auto)"   # the system row that runs what /ocr serves
 
 
 def rewrites_too_much(c: dict) -> str | None:
@@ -196,3 +197,18 @@ def fallbacks(chosen: dict[str, dict]) -> list[dict[str, tuple[str, str]]]:
         combo[r] = (chosen[r]["fastest_fp32"].split()[0], "fp32")
         out.append(dict(combo))
     return out
+
+
+def served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> dict:
+    """infer_config served.<role> for a part chosen on the system's pages: what, why, vs what it recommended alone."""
+    from pipeline.bundle.system import measured_on
+
+    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "lines_kept", "part_s", "detail")
+    return {"engine": chosen["engine"], "precision": chosen["precision"], "by": "system pages",
+            "why": why_chosen(role, chosen, TIMING_PAGES * ROUNDS, f"{rec['engine']} {rec['precision']}"),
+            **{k: chosen[k] for k in ("speedup_vs_fp32", "speedup_vs_fastest_fp32", "chain_speedup_vs_fp32",
+                                      "lines_kept")},
+            "recommended": {k: rec[k] for k in ("engine", "precision", "why") if k in rec},
+            "candidates": [{k: x[k] for k in keep if x.get(k) not in (None, "")} for x in rows],
+            "model": layout.serving_model(chosen["engine"], chosen["precision"], sub), "measured_on": measured_on(sub)}
+

@@ -1,0 +1,153 @@
+"""The OCR system's rows: the fp32 reference chain (each part on its bundle's reference) with its accuracy floors,
+and every other set of engines read through the same flow (page -> boxes -> crops -> recognition) and gated on its
+drop vs that chain; a row that crashes is that row's FAIL (run_row), the other rows still run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.gates import FAIL, OK, Check, Gate, metric_check, run_row
+
+METRIC = "line_accuracy"
+
+
+def _score(lines, pages, keys) -> dict:
+    from pipeline.data.invoice_pages import FIELDS, unpack_quads
+    from pipeline.ocr.system_metrics import system_scores
+
+    texts = [[t for t in row if t] for row in pages["texts"]]
+    fields = [dict(zip(FIELDS, row)) for row in pages["fields"]]
+    return system_scores(lines, unpack_quads(pages["quads"]), texts, fields, keys)
+
+
+def system_row(subject, precision, effective, lines, pages, keys, ref=None, ref_lines=None, drop=0.0,
+               floors=(0.0, 0.0)) -> Gate:
+    from pipeline.ocr.system_metrics import agreement
+
+    s = _score(lines, pages, keys)
+    g = Gate("system", subject, precision, effective, METRIC, value=s[METRIC])
+    g.extra = {**s}
+    if ref is None:      # the fp32 chain: absolute floors
+        g.checks = [Check(METRIC, s[METRIC], floors[0], ">=", s[METRIC] >= floors[0]),
+                    Check("field_accuracy", s["field_accuracy"], floors[1], ">=", s["field_accuracy"] >= floors[1])]
+    else:
+        g.reference = ref[METRIC]
+        # as every gate: a non-zero budget below one line (one field) of these pages is one line (one field);
+        # 8 pages hold ~24 fields, so a 0.01-0.03 field budget meant "no field may change"
+        g.checks = [metric_check(METRIC, s[METRIC], ref[METRIC], drop, samples=int(s["lines"]) or None),
+                    metric_check("field_accuracy", s["field_accuracy"], ref["field_accuracy"], drop,
+                                 samples=int(s["fields"]) or None)]
+        g.extra["agreement_with_fp32"] = round(agreement(lines, ref_lines), 4)
+    g.status = OK if all(c.passed for c in g.checks) else FAIL
+    g.reason = "; ".join(c.describe() for c in g.checks if not c.passed)
+    return g
+
+
+@dataclass
+class Chain:
+    """The fp32 reference chain every other row is gated against (each part on its bundle's reference), and what it
+    read."""
+    pages: dict
+    keys: dict
+    spec: object
+    ref: dict
+    lines: list
+    subs: dict          # role → model bundle folder (detection, recognition[, classifier])
+    row_lines: dict = field(default_factory=dict)     # subject → lines that row read
+    evidence: Path | None = None    # where a crashed row's traceback goes (run_row)
+    served: dict | None = None      # role → what /ocr serves and why (system.engine auto: chosen on these pages)
+    engines: dict = field(default_factory=dict)       # (role, engine, precision, tag) → loaded engine, shared
+    refs: dict = field(default_factory=dict)          # role → (engine, "fp32") of the part's reference row
+
+    def ref_of(self, role: str) -> tuple[str, str]:
+        from pipeline.bundle.system_choice import FP32_REF
+
+        return self.refs.get(role, FP32_REF)
+
+
+def pair_row(chain: Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
+    """One set of engines (det, rec[, cls]; make(role, sub-bundle) builds each) through the flow, gated on its
+    drop vs the fp32 chain; an engine that fails to load or run is that row's FAIL (run_row: any exception, its
+    traceback kept), and the other rows still run."""
+    from pipeline.ocr.system import read_pages
+    from pipeline.bundle.system import engine_set
+
+    def read() -> Gate:
+        det, rec, cls = engine_set(make, chain.subs)
+        lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch, cls=cls)
+        chain.row_lines[subject] = lines
+        return system_row(subject, prec, effective_label(det, rec), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
+
+    t0 = time.perf_counter()
+    g = run_row("system", subject, prec, METRIC, read, chain.evidence)
+    g.seconds = round(time.perf_counter() - t0, 2)
+    return g
+
+
+def fp32_chain(ctx, subs: dict, spec, pages, keys, threads) -> tuple[Gate, Chain]:
+    """Each part on its bundle's fp32 reference; named "paddle-inference fp32" when all are Paddle Inference (as
+    before ONNX imports were bundled), else by each part's engine."""
+    from pipeline.ocr.system import read_pages
+    from pipeline.bundle.system import engine_set, reference_engine, reference_label, references
+
+    sc = ctx.cfg.system
+    images = list(pages["images"])
+    t0 = time.perf_counter()
+    det, rec, cls = engine_set(lambda r, b: reference_engine(b, threads), subs)
+    ref_lines = read_pages(images, det, rec, spec, cls=cls)
+    fp32 = system_row(reference_label(subs, all_paddle="paddle-inference fp32"), "fp32", "fp32", ref_lines, pages, keys,
+                floors=(sc.min_line_accuracy, sc.min_field_accuracy))
+    fp32.seconds = round(time.perf_counter() - t0, 2)
+    fp32.extra["pages_per_s"] = round(len(images) / max(fp32.seconds, 1e-9), 2)
+    refs = references(subs)
+    fp32.extra["reference"] = {r: k for r, (k, _) in refs.items()}
+    return fp32, Chain(pages, keys, spec, fp32.extra, ref_lines, subs, evidence=ctx.out_dir / "evidence", refs=refs)
+
+
+def effective_label(det, rec) -> str:
+    """What the two engines really ran (each engine's own evidence), e.g. "int8" or "int8/fp32"."""
+    a, b = det.effective_precision, rec.effective_precision
+    return a if a == b else f"{a}/{b}"
+
+
+def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, tag: str = ""):
+    """One part's engine as /ocr loads it (load_engine: the bundle's tuned settings), loaded once per (role, engine,
+    precision[, tag: a separate instance, so a Paddle engine's shape cache is not shared between timed sets])."""
+    from pipeline.bundle.format import load_infer_config
+    from pipeline.bundle.serving_choice import load_engine
+
+    key = (role, kind, prec, tag)
+    if key not in chain.engines:
+        sub = chain.subs[role]
+        chain.engines[key] = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role)
+    return chain.engines[key]
+
+
+def lines_kept(g: Gate) -> Gate:
+    """The system gates plus what users read: lines identical to the fp32 chain's >= MIN_LINES_KEPT."""
+    from pipeline.core.gates import agreement_check
+    from pipeline.bundle.system_choice import MIN_LINES_KEPT
+
+    kept = g.extra.get("agreement_with_fp32")
+    if kept is None:        # the row crashed: its verdict stands
+        return g
+    c = agreement_check("lines_same_as_fp32_chain", kept, MIN_LINES_KEPT,
+                        detail="lines at matching boxes with identical text (docs/serving_choice.md)")
+    g.checks.append(c)
+    if not c.passed:
+        g.status = FAIL
+        g.reason = "; ".join(x.describe() for x in g.checks if not x.passed)
+    return g
+
+
+def combo_row(ctx, chain: Chain, subject: str, combo: dict, threads: int) -> Gate:
+    """One set (role → (engine, precision)) through the flow, gated on its drop vs the fp32 chain with the tolerance
+    of its lowest precision (system.gates.<int8|fp16|bf16>, else engines) and on the lines it keeps."""
+    precs = [combo[r][1] for r in chain.subs]
+    key = next((p for p in ("int8", "fp16", "bf16") if p in precs), "engines")
+    g = pair_row(chain, subject, "/".join(precs), lambda r, b: chain_engine(chain, r, *combo[r], threads),
+                  ctx.cfg.system.gates[key])
+    g.extra["tolerance_key"] = f"system.gates.{key}"
+    return lines_kept(g)
+

@@ -1,0 +1,112 @@
+"""What /ocr serves per part, chosen on the system's own pages: pinned parts as pinned, every other part's candidate
+rows judged by the system gates, the passing ones timed interleaved on pages of varied shape, the fastest chosen
+(the rules: pipeline/bundle/system_choice.py); the chosen set is gated together, falling back part by part to fp32."""
+from __future__ import annotations
+
+import logging
+
+from pipeline.bundle.system_choice import SERVED
+from pipeline.core.gates import OK, Gate, apply_role
+from pipeline.evaluation.system_rows import Chain, chain_engine, combo_row
+
+log = logging.getLogger("pipeline")
+
+
+def _judge_part(ctx, chain: Chain, role: str, pairs: list, threads: int) -> tuple[list[Gate], list[dict]]:
+    """Each candidate row of one part, the other parts on the fp32 chain's rows: its system gate (EXCLUDED, not
+    FAIL, when it misses: a candidate that does not serve)."""
+    gates, rows = [], []
+    for kind, prec in pairs:
+        if (kind, prec) == chain.ref_of(role):
+            rows.append({"engine": kind, "precision": prec, "passed": True, "lines_kept": 1.0,
+                         "detail": "the fp32 chain"})
+            continue
+        combo = {r: (kind, prec) if r == role else chain.ref_of(r) for r in chain.subs}
+        g = apply_role(combo_row(ctx, chain, f"choice {role}: {kind} {prec}", combo, threads), "candidate")
+        gates.append(g)
+        rows.append({"engine": kind, "precision": prec, "passed": g.status == OK,
+                     "lines_kept": g.extra.get("agreement_with_fp32"), "detail": g.reason})
+    return gates, rows
+
+
+def time_combos(chain: Chain, combos: dict, threads: int, start: int = 0) -> dict:
+    """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets); the fp32 chain
+    ("fp32 chain") on engines of its own."""
+    from pipeline.ocr.system import read_pages
+    from pipeline.bundle.system_choice import time_sets, varied_pages
+
+    sets = {"fp32 chain": {r: chain_engine(chain, r, *chain.ref_of(r), threads, tag="ref") for r in chain.subs}}
+    sets.update({k: {r: chain_engine(chain, r, *c[r], threads) for r in chain.subs} for k, c in combos.items()})
+    pages = list(chain.pages["images"])
+
+    def read(page, e):
+        read_pages([page], e["detection"], e["recognition"], chain.spec, cls=e.get("classifier"))
+
+    return time_sets(sets, varied_pages(pages, start=start), read, warmup=pages[0])
+
+
+def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
+    """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
+    from pipeline.bundle.format import load_infer_config
+    from pipeline.bundle.system_choice import choose_part, not_admitted, part_candidates
+
+    free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
+    gates, rows = [], {}
+    for r in free:
+        sub = chain.subs[r]
+        cfg = load_infer_config(sub)
+        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg), threads)
+        kept_out = not_admitted(cfg)
+        for x in kept_out:
+            log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
+        rows[r] += kept_out
+        gates += g
+    combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else chain.ref_of(q)
+                                                       for q in chain.subs}
+              for r in free for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != chain.ref_of(r)}
+    res = time_combos(chain, combos, threads)
+    for r in free:
+        for x in rows[r]:
+            t = res.get("fp32 chain" if (x["engine"], x["precision"]) == chain.ref_of(r)
+                        else f"{r}: {x['engine']} {x['precision']}")
+            if t:
+                x.update(part_s=t["parts"][r], chain_s=t["seconds"])
+        log.info("[system] %s on the system's pages: %s", r, ", ".join(
+            f"{x['engine']} {x['precision']} {x.get('part_s', '-')} s" for x in rows[r]))
+    return gates, {r: choose_part(r, rows[r], chain.ref_of(r)) for r in free}
+
+
+def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
+    """What /ocr serves: pinned parts as pinned, the others chosen on the system's pages; the set is gated together
+    (falling back part by part to fp32 when it fails together) and timed against the fp32 chain."""
+    from pipeline.bundle.system import parts_served
+    from pipeline.bundle.system_choice import fallbacks, served_entry
+
+    served = parts_served(ctx.cfg.system, chain.subs)
+    gates, picks = _choose(ctx, chain, served, threads)
+    for r, (chosen, rows) in picks.items():
+        served[r] = served_entry(chain.subs[r], r, chosen, rows, served[r])
+    tries = fallbacks({r: c for r, (c, _) in picks.items()})
+    for i, combo in enumerate(tries):
+        full = {r: combo.get(r) or (p["engine"], p["precision"]) for r, p in served.items()}
+        g = combo_row(ctx, chain, SERVED, full, threads)
+        g.extra["served"] = True        # a timed choice: the nightly reports a change of its precision
+        if g.status == OK or i == len(tries) - 1:
+            break
+        log.warning("[system] the chosen set %s failed together (%s): the next one puts a part back on fp32",
+                    full, g.reason)
+    for r, (kind, prec) in full.items():
+        if (served[r]["engine"], served[r]["precision"]) != (kind, prec):
+            served[r].update(engine=kind, precision=prec, by="system pages (fallback)",
+                             why=f"fp32 fallback: the chosen set failed its gate together ({g.reason})")
+    for r, p in served.items():
+        log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
+    t = time_combos(chain, {"as served": full}, threads, start=64)
+    g.extra.update(served=served, timing={**t, "how": "interleaved, pages of varied shape"},
+                   chain_speedup_vs_fp32=round(t["fp32 chain"]["seconds"] / t["as served"]["seconds"], 3))
+    chain.served = served
+    for eng in chain.engines.values():       # the HTTP row and verify load their own
+        getattr(eng, "close", lambda: None)()
+    chain.engines.clear()
+    return gates + [g]
+
