@@ -26,6 +26,19 @@ def test_order_comes_from_declared_inputs():
     assert catalogue.for_task("ocr_system") == ["system"]
 
 
+def test_every_stage_module_is_registered_from_above():
+    """stages/__init__.py registers each module's STAGE (the catalogue, at the bottom, never imports `stages`)."""
+    import importlib
+    import pkgutil
+
+    import stages
+    declared = {importlib.import_module(f"stages.{m.name}").STAGE.name for m in pkgutil.iter_modules(stages.__path__)}
+    assert declared == set(catalogue.stages())
+    code = "from pipeline.core import catalogue\ntry:\n    catalogue.stages()\nexcept Exception as e:\n    print(e.one_line())"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "catalogue is empty" in res.stdout and "import the `stages` package" in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("asked, task, expected", [
     (["all"], "classification", ["train", "export", "server", "lite", "bundle"]),
     (["deploy"], "recognition", ["server", "lite", "bundle"]),

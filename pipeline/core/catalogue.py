@@ -1,33 +1,41 @@
 """The stage catalogue: every stage, what it reads and writes, and which tasks it applies to, in one place.
 
-Stages are discovered from the `stages` package (each module exposes STAGE) and ordered by their declared
-inputs (Kedro/DVC style: the graph, not a hand-written list, gives the order). Everything that needs a
+Stages are registered from above: the `stages` package lists its modules and calls `register` when it is
+imported (`python -m pipeline`, the rank entry and the tests import it), so this bottom package never reaches the
+top one. They are ordered by their declared inputs (Kedro/DVC style: the graph, not a hand-written list, gives
+the order). Everything that needs a
 list of stages asks here: `run all` / `run deploy`, nightly, compare, accept, conformance, the summary,
 the bundle's gate sources and the Makefile (`python -m pipeline stages`).
 """
 from __future__ import annotations
 
 import fnmatch
-import importlib
-import pkgutil
 from functools import lru_cache
 
-from pipeline.core.errors import ConfigError, MissingArtifact
+from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 # what users type (make targets / CLI aliases) -> the make_target of the stages it runs
 ALIASES = {"all": None, "deploy": "deploy"}
 
 
+_REGISTERED: dict = {}       # name -> Stage, as registered (stages/__init__.py)
+
+
+def register(*declared) -> None:
+    """Add stages (pipeline.core.runner.Stage) to the catalogue; a stage registered again under its name (a
+    reloaded module) replaces the earlier one."""
+    for stage in declared:
+        _REGISTERED[stage.name] = stage
+    stages.cache_clear()
+
+
 @lru_cache(maxsize=1)
 def stages() -> dict:
     """name -> Stage, in dependency order (inputs before the stages that read them)."""
-    pkg = importlib.import_module("stages")
-    found = {}
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        stage = getattr(importlib.import_module(f"stages.{mod}"), "STAGE", None)
-        if stage is not None:
-            found[stage.name] = stage
-    return _topological(found)
+    if not _REGISTERED:
+        raise PipelineError("the stage catalogue is empty: no stage has been registered",
+                            hint="import the `stages` package first (python -m pipeline and tests/conftest.py do)")
+    return _topological(dict(_REGISTERED))
 
 
 def _topological(found: dict) -> dict:
