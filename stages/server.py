@@ -18,7 +18,6 @@ import numpy as np
 
 from pipeline.bundle import layout as bundle_layout
 from pipeline.core import env, resources
-from pipeline import ocr
 from pipeline.engines import evidence
 from pipeline.core.artifacts import write_json
 from pipeline.core.errors import PipelineError
@@ -627,9 +626,7 @@ STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", 
               outputs=("serving.json", "perf.json"),
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
                                 "openvino/model_int8.xml"),
-              run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
-                                  "pipeline/serving/app.py", "pipeline/tasks/reference.py", "pipeline/bundle/recommend.py",
-                                  "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py"),
+              run=run,
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from pipeline.training import amp, checkpoint
 from pipeline.core import env
-from pipeline import ocr
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.training.distributed import launch_stage
 from pipeline.core.errors import ConfigError, DataError, NonFiniteError
@@ -470,7 +469,4 @@ STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "mod
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
                                 "imported/inference.pdiparams", "imported/model.onnx"),
-              code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/tasks",
-                         *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/data/preprocess.py",
-                         "pipeline/ocr/text_metrics.py", "pipeline/core/process_layout.py"),
               description="AMP training on the configured task")

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from pipeline.core import catalogue, console, env, resources, runlock
+from pipeline.core import catalogue, code_closure, console, env, resources, runlock
 from pipeline.core.capabilities import kernel_key
 from pipeline.core.artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
                         write_json)
@@ -68,7 +68,9 @@ class Stage:
     make_target: str                  # what users type to produce this stage's output
     run: Callable[[StageContext], StageResult]
     description: str = ""
-    code_deps: tuple[str, ...] = ()   # repo-relative files/folders whose code changes the result
+    # the stage's code is its module's import closure (pipeline/core/code_closure.py); code_deps only adds
+    # repo-relative non-Python files or folders its result depends on
+    code_deps: tuple[str, ...] = ()
     # config keys that the resolved process layout (pipeline/core/process_layout.py) stands for: non-empty means the
     # layout enters the fingerprint in their place (train.nproc=auto and =2 are the same run on 2 cores)
     layout_keys: tuple[str, ...] = ()
@@ -102,19 +104,27 @@ def registry() -> dict[str, Stage]:
     return catalogue.stages()
 
 
-def _code_hash(stage: Stage) -> str:
-    """The stage's module plus its declared code deps: editing them re-runs the stage, editing
-    unrelated framework code (CLI, reports, serving) does not invalidate a 4-minute training."""
-    h = hashlib.sha256()
+def code_files(stage: Stage) -> list[Path]:
+    """The code a stage's result depends on: its module's import closure over pipeline/ and stages/
+    (pipeline/core/code_closure.py: derived, never listed by hand; reporting and CLI code left out) plus
+    `code_deps`, non-Python files it reads. Editing any of them re-runs the stage; editing code it cannot reach (the
+    CLI, reports, another stage's libraries) does not invalidate a 4-minute training."""
+    root = code_closure.ROOT
     mod = sys.modules.get(stage.run.__module__)
-    files = [Path(mod.__file__)] if mod and getattr(mod, "__file__", None) else []
-    root = Path(__file__).resolve().parents[2]
+    start = Path(mod.__file__) if mod and getattr(mod, "__file__", None) else None
+    files = list(code_closure.closure(start)) if start else []
     for dep in stage.code_deps:
         p = root / dep
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    for f in files:
+        files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return sorted(set(files))
+
+
+def _code_hash(stage: Stage) -> str:
+    h = hashlib.sha256()
+    root = code_closure.ROOT
+    for f in code_files(stage):
         h.update(f.relative_to(root).as_posix().encode() if f.is_relative_to(root) else b"")
-        h.update(f.read_bytes() if f.is_file() else b"<missing>")
+        h.update(code_closure.file_digest(f))
     return h.hexdigest()[:16]
 
 
