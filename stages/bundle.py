@@ -229,5 +229,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
+              optional_outputs=("*.tar.gz", "*/*"),    # <run>-<time>.tar.gz and the bundle folder <run>-<time>/
               make_target="deploy", run=run,
               description="self-describing bundle, verified and published")

@@ -624,8 +624,11 @@ def _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, com
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", "serve"), make_target="deploy",
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=("serving.json", "perf.json"),
+              # each row's model: Paddle int8/fp16 programs, ONNX (fp32, int8 QDQ), OpenVINO int8 (NNCF) and the bf16
+              # IR with its keep list marked (pipeline/bundle/layout.py SERVER_STAGE_MODELS)
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
-                                "openvino/model_int8.xml"),
+                                "openvino/model_int8.xml", "openvino/model_int8.bin",
+                                "openvino/model_bf16.xml", "openvino/model_bf16.bin"),
               run=run,
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")
 

@@ -599,5 +599,6 @@ STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle",
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
+              optional_outputs=("*.tar.gz", "*/*"),    # the system bundle's archive and folder, as bundle's
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

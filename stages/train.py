@@ -468,5 +468,8 @@ STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "mod
               outputs=("info.json", "val_slice.npz", "calib.npz"),
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
-                                "imported/inference.pdiparams", "imported/model.onnx"),
+                                "imported/inference.pdiparams", "imported/model.onnx",
+                                # model.source=pir: the translated program, and the dictionary its inference.yml gave
+                                "translated/inference.pdmodel", "translated/inference.pdiparams",
+                                "charset_from_yml.txt"),
               description="AMP training on the configured task")

@@ -88,17 +88,38 @@ def expand(names: list[str], task: str) -> list[str]:
     return [n for n in chain if n in wanted]
 
 
+# files every stage folder holds that are records, not outputs: no stage reads another's (the runner writes the first
+# two; evidence/ keeps a crashed row's traceback)
+RECORDS = ("manifest.json", "config.resolved.yaml", "evidence/*")
+
+
+def declares(stage, rel: str) -> bool:
+    """Is `rel` (POSIX, relative to the stage folder) one of the stage's declared outputs: a pattern it matches
+    (fnmatch: `*` spans folders), or a file inside a declared folder ("models/int8" declares models/int8/model.pdmodel)?"""
+    return any(fnmatch.fnmatchcase(rel, pattern) or rel.startswith(pattern.rstrip("/") + "/")
+               for pattern in (*stage.outputs, *stage.optional_outputs))
+
+
 def check_output(producer: str, rel: str) -> None:
     """A stage may read another stage's file only under a name that stage declares (catalogue discipline)."""
     stage = stages()[producer]
-    if not any(fnmatch.fnmatchcase(rel, pattern) for pattern in (*stage.outputs, *stage.optional_outputs)):
+    if not declares(stage, rel):
         raise MissingArtifact(f"'{rel}' is not a declared output of the {producer} stage",
-                              hint=f"declared: {', '.join((*stage.outputs, *stage.optional_outputs))}")
+                              hint=f"declared: {', '.join((*stage.outputs, *stage.optional_outputs))}; a stage "
+                                   f"reads only what another declares (STAGE.outputs / optional_outputs)")
 
 
 def missing_outputs(stage, folder) -> list[str]:
     """Declared (non-optional) outputs a finished stage folder lacks: a stage must write what it promises."""
     return [rel for rel in stage.outputs if not (folder / rel).exists()]
+
+
+def undeclared_outputs(stage, folder) -> list[str]:
+    """Files a finished stage folder holds that its declaration does not name: every file a stage writes is declared,
+    so the next stage can read it and the catalogue shows it."""
+    files = (p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file())
+    return [rel for rel in files if not declares(stage, rel)
+            and not any(fnmatch.fnmatchcase(rel, pattern) for pattern in RECORDS)]
 
 
 def describe() -> list[dict]:
