@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 from functools import lru_cache
 
+from pipeline.core.artifacts import MANIFEST
 from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 # what users type (make targets / CLI aliases) -> the make_target of the stages it runs
@@ -90,7 +91,7 @@ def expand(names: list[str], task: str) -> list[str]:
 
 # files every stage folder holds that are records, not outputs: no stage reads another's (the runner writes the first
 # two; evidence/ keeps a crashed row's traceback)
-RECORDS = ("manifest.json", "config.resolved.yaml", "evidence/*")
+RECORDS = (MANIFEST, "config.resolved.yaml", "evidence/*")
 
 
 def declares(stage, rel: str) -> bool:
