@@ -229,7 +229,6 @@ def _self_verify(cfg, b: Path, public_key: Path | None) -> Gate:
 STAGE = Stage(name="bundle", inputs=("train", "export", "server", "lite"), config_keys=("bundle", "run"),
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=(),      # published to bundle.root; the run folder keeps the manifest and the archive
-              make_target="deploy", run=run, code_deps=("pipeline/bundle/format.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py", "pipeline/data/preprocess.py",
-                                                "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py",
-                                                "pipeline/bundle/reference.py"),
+              optional_outputs=("*.tar.gz", "*/*"),    # <run>-<time>.tar.gz and the bundle folder <run>-<time>/
+              make_target="deploy", run=run,
               description="self-describing bundle, verified and published")

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-from pipeline import ocr
 from pipeline.core import safe_pickle
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, require_file
 from pipeline.core.gates import Gate, evaluate_tol
@@ -124,6 +123,6 @@ def _export_onnx(ctx, info: dict, task, x, labels, reference, images) -> StageRe
 STAGE = Stage(name="export", inputs=("train",), config_keys=("export",), make_target="export", run=run,
               outputs=("reference.npz", "info.json"),
               # a Paddle program, or (model.source=onnx) the ONNX file as imported
-              optional_outputs=("inference.pdmodel", "inference.pdiparams", "model.onnx"),
-              code_deps=("pipeline/tasks", "pipeline/models", *ocr.TRAIN_DEPS, "pipeline/core/gates.py"),
+              optional_outputs=("inference.pdmodel", "inference.pdiparams", "model.onnx",
+                                "inference.pdiparams.info"),     # jit.save's pickle beside them: no stage reads it
               description="jit.save with a dynamic-batch InputSpec, gated against the trained model")

@@ -16,7 +16,6 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from pipeline.bundle import layout as bundle_layout
-from pipeline import ocr
 from pipeline.core.artifacts import write_json
 from pipeline.core.errors import PipelineError
 from pipeline.core.capabilities import host_arch
@@ -214,6 +213,4 @@ def _note_sizes(gates: list[Gate], arm_fp32_bytes: int | None) -> None:
 STAGE = Stage(name="lite", inputs=("export", "server"), config_keys=("lite",), make_target="deploy", run=run,
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=("lite.json",), optional_outputs=("*.nb",),
-              code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
-                         "pipeline/tasks/reference.py"),
               description="Paddle Lite opt to arm/x86 .nb, x86 run gated against export")

@@ -17,7 +17,6 @@ import logging
 
 import numpy as np
 
-from pipeline import ocr
 from pipeline.bundle.recommendation import recommend_serving
 from pipeline.core.artifacts import write_json
 from pipeline.core.gates import apply_role
@@ -74,13 +73,10 @@ def run(ctx: StageContext) -> StageResult:
 STAGE = Stage(name="server", inputs=("train", "export"), config_keys=("server", "serve"), make_target="deploy",
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               outputs=("serving.json", "perf.json"),
+              # each row's model: Paddle int8/fp16 programs, ONNX (fp32, int8 QDQ), OpenVINO int8 (NNCF) and the bf16
+              # IR with its keep list marked (pipeline/bundle/layout.py SERVER_STAGE_MODELS)
               optional_outputs=("models", "models/int8", "models/fp16", "onnx/model.onnx", "onnx/model_int8.onnx",
-                                "openvino/model_int8.xml"),
-              run=run, code_deps=("pipeline/engines", "pipeline/tasks", *ocr.METRIC_DEPS, "pipeline/core/gates.py",
-                                  "pipeline/serving/app.py", "pipeline/tasks/reference.py", "pipeline/bundle/recommend.py",
-                                  "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py",
-                                  "pipeline/evaluation/rows.py", "pipeline/evaluation/timing.py",
-                                  "pipeline/evaluation/paddle_rows.py", "pipeline/evaluation/int8_advice.py",
-                                  "pipeline/evaluation/onnx_rows.py", "pipeline/evaluation/http_rows.py",
-                                  "pipeline/bundle/recommendation.py"),
+                                "openvino/model_int8.xml", "openvino/model_int8.bin",
+                                "openvino/model_bf16.xml", "openvino/model_bf16.bin"),
+              run=run,
               description="Paddle Inference, ONNX Runtime, OpenVINO rows with gates, latency and a recommended engine")

@@ -93,11 +93,6 @@ STAGE = Stage(name="system", inputs=(), config_keys=("system", "seed", "bundle",
               machine_bound=True,     # its rows ran (gated, timed) on this CPU's kernels
               applies_to=lambda task: task == "ocr_system",
               run=run, external_inputs=_external,
-              code_deps=("pipeline/ocr", "pipeline/data/invoice_pages.py", "pipeline/core/composite.py", "pipeline/bundle/verify.py", "pipeline/bundle/verify_model.py",
-                         "pipeline/bundle/serving_choice.py", "pipeline/bundle/layout.py", "pipeline/bundle/system.py",
-                         "pipeline/bundle/recommend.py", "pipeline/bundle/system_choice.py",
-                         "pipeline/bundle/reference.py", "pipeline/evaluation/system_rows.py",
-                         "pipeline/evaluation/system_engines.py", "pipeline/evaluation/system_serving.py",
-                         "pipeline/evaluation/http_rows.py", "pipeline/bundle/system_write.py"),
+              optional_outputs=("*.tar.gz", "*/*"),    # the system bundle's archive and folder, as bundle's
               description="OCR system bundle from gated detection, recognition [and direction classifier] runs, "
                           "end-to-end gates")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-from pipeline import ocr
 from pipeline.core import env
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text
 from pipeline.core.runner import Stage, StageContext, StageResult
@@ -80,10 +79,8 @@ STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "mod
               outputs=("info.json", "val_slice.npz", "calib.npz"),
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
-                                "imported/inference.pdiparams", "imported/model.onnx"),
-              code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/tasks",
-                         *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/data/preprocess.py",
-                         "pipeline/ocr/text_metrics.py", "pipeline/core/process_layout.py", "pipeline/training/checks.py",
-                         "pipeline/training/reference.py", "pipeline/training/validation.py",
-                         "pipeline/training/import_run.py"),
+                                "imported/inference.pdiparams", "imported/model.onnx",
+                                # model.source=pir: the translated program, and the dictionary its inference.yml gave
+                                "translated/inference.pdmodel", "translated/inference.pdiparams",
+                                "charset_from_yml.txt"),
               description="AMP training on the configured task")

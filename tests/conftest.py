@@ -6,6 +6,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
+import stages  # noqa: E402,F401  -- registers the stages in the catalogue, as `python -m pipeline` does
 
 
 import json  # noqa: E402

@@ -26,6 +26,19 @@ def test_order_comes_from_declared_inputs():
     assert catalogue.for_task("ocr_system") == ["system"]
 
 
+def test_every_stage_module_is_registered_from_above():
+    """stages/__init__.py registers each module's STAGE (the catalogue, at the bottom, never imports `stages`)."""
+    import importlib
+    import pkgutil
+
+    import stages
+    declared = {importlib.import_module(f"stages.{m.name}").STAGE.name for m in pkgutil.iter_modules(stages.__path__)}
+    assert declared == set(catalogue.stages())
+    code = "from pipeline.core import catalogue\ntry:\n    catalogue.stages()\nexcept Exception as e:\n    print(e.one_line())"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "catalogue is empty" in res.stdout and "import the `stages` package" in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("asked, task, expected", [
     (["all"], "classification", ["train", "export", "server", "lite", "bundle"]),
     (["deploy"], "recognition", ["server", "lite", "bundle"]),
@@ -195,3 +208,61 @@ def test_freed_heap_goes_back_before_a_stage_and_as_training_grows():
     guard()                                         # grew by >= 100 MiB: released
     free_last()
     assert resources.rss_mb() - guard.mark < 50 and guard.mark - before < 50, (before, guard.mark)
+
+
+def _train_folder(tmp_path) -> Path:
+    train = tmp_path / "train-out"
+    train.mkdir()
+    for name, data in (("calib.npz", b"declared"), ("scratch.npz", b"undeclared"), ("manifest.json", b"{}")):
+        (train / name).write_bytes(data)
+    return train
+
+
+def test_a_stage_cannot_open_an_undeclared_file_of_its_input(tmp_path, monkeypatch):
+    """The runner limits a stage's reads of its inputs' folders to their declared outputs (and their manifests), for
+    any open in the process (np.load, read_bytes, ...), not only ctx.input: the run's ERROR names the file."""
+    from pipeline.core.gates import Gate
+
+    train, runner = _train_folder(tmp_path), _runner(tmp_path)
+    seen = []
+
+    def run(ctx):
+        seen.append((train / "calib.npz").read_bytes())
+        seen.append((train / "manifest.json").read_bytes())
+        seen.append((train / "scratch.npz").read_bytes())
+        return StageResult(gates=[Gate("export", "x", "fp32", "fp32", "accuracy")])
+
+    reader = Stage("export", ("train",), ("export",), "export", run=run)
+    monkeypatch.setattr(runner, "_inputs", lambda stage: ({"train": train}, {}))
+    outcome = runner._run_one(reader)
+    assert seen == [b"declared", b"{}"]
+    assert outcome.status == "ERROR" and isinstance(outcome.error, MissingArtifact)
+    line = outcome.error.one_line()
+    assert "the export stage opened 'scratch.npz' in the train stage's output" in line and "optional_outputs" in line
+    assert (train / "scratch.npz").read_bytes() == b"undeclared"        # outside a stage: no limit
+
+
+def test_a_stage_that_writes_an_undeclared_file_is_refused(tmp_path):
+    from pipeline.core.gates import Gate
+
+    def run(ctx):
+        (ctx.out_dir / "inference.pdmodel").write_bytes(b"x")
+        (ctx.out_dir / "evidence").mkdir()
+        (ctx.out_dir / "evidence" / "row.txt").write_text("a crashed row's traceback: a record, not an output")
+        (ctx.out_dir / "side.bin").write_bytes(b"y")
+        return StageResult(gates=[Gate("export", "x", "fp32", "fp32", "accuracy")])
+
+    stage = Stage("export", (), ("export",), "export", outputs=("inference.pdmodel",), run=run)
+    outcome = _runner(tmp_path)._run_one(stage)
+    assert outcome.status == "ERROR" and isinstance(outcome.error, IntegrityError)
+    assert "the export stage wrote 'side.bin', which its STAGE declaration does not name" in outcome.error.message
+
+
+def test_every_server_model_the_bundle_copies_is_a_declared_server_output():
+    """The bundle stage reads the server's per-precision models (the OpenVINO bf16 IR with its keep list too)."""
+    from pipeline.bundle import layout
+
+    server = catalogue.stages()["server"]
+    assert all(catalogue.declares(server, rel) for rel in layout.SERVER_STAGE_MODELS)
+    assert catalogue.declares(server, "models/int8/model.pdiparams")           # inside a declared folder
+    assert not catalogue.declares(server, "openvino/model_fp32.xml")

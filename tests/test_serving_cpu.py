@@ -40,6 +40,8 @@ def _bundle(tmp_path: Path, built: frozenset, chosen=("openvino", "bf16"), inter
     (tmp_path / "server" / "onnx").mkdir(parents=True)
     for f in ("model.onnx", "model_int8.onnx"):
         (tmp_path / "server" / "onnx" / f).write_bytes(b"")
+    (tmp_path / "server" / "openvino").mkdir()
+    (tmp_path / "server" / "openvino" / "model_bf16.xml").write_bytes(b"")     # the bf16 row's own IR
     hw = {"cpu": "build CPU", "capabilities": {"bf16": sorted(built & caps.BF16_FLAGS),
                                                "vnni": sorted(built & caps.VNNI_FLAGS)}}
     (tmp_path / "manifest.json").write_text(json.dumps({"hardware": hw}))
@@ -135,7 +137,8 @@ def test_a_part_says_what_it_serves_and_why(tmp_path, monkeypatch):
     got = part_serving(sub, role="recognition")
     assert (got["engine"], got["precision"], got["by"]) == ("openvino", "bf16", "recommendation")
     assert got["why"] == "fastest within budget" and got["speedup_vs_fp32"] == 2.0 and "cpu" not in got
-    assert got["measured_on"]["bf16"] == ["amx_bf16", "avx512_bf16"] and got["model"] == "server/onnx/model.onnx"
+    assert got["measured_on"]["bf16"] == ["amx_bf16", "avx512_bf16"]
+    assert got["model"] == "server/openvino/model_bf16.xml"          # the IR the row was gated on
     pinned = part_serving(sub, "onnxruntime fp32", "recognition")
     assert pinned["by"] == "pinned (system.pin.recognition)" and "recommended: openvino bf16" in pinned["why"]
     with pytest.raises(ConfigError, match="onnxruntime does not serve 'bf16'"):

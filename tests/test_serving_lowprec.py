@@ -235,24 +235,31 @@ def test_bundle_manifest_and_card_say_what_is_served(smoke_bundle):
     assert evidence.head(load_engine(folder, _cfg(folder)).effective_precision) in (serving["precision"], "fp32")
 
 
-def test_openvino_bf16_serves_the_ir_its_row_was_gated_on(tmp_path):
+def test_openvino_bf16_serves_the_ir_its_row_was_gated_on(tmp_path, monkeypatch):
     """The OpenVINO bf16 row is gated on an IR whose keep-list layers are marked f32; the bundle must serve that IR
-    (it served the ONNX model with the bf16 hint: every layer bf16, on the real images `3F1` read `3FI`). Bundles
-    made before keep that behaviour."""
+    (it served the ONNX model with the bf16 hint: every layer bf16, on the real images `3F1` read `3FI`). A bundle
+    made before it lacks the IR: loading that row says so in one line, it never serves the ONNX model instead."""
     from pipeline.bundle import layout
+    from pipeline.bundle.serving_choice import load_engine
+    from pipeline.core.errors import MissingArtifact
 
     assert layout.serving_model("openvino", "bf16") == layout.OPENVINO_BF16
-    assert layout.serving_model("openvino", "bf16", tmp_path) == layout.ONNX_MODEL          # an older bundle
+    assert layout.serving_model("openvino", "bf16", tmp_path) == layout.OPENVINO_BF16        # an older bundle too
     assert layout.SERVER_STAGE_MODELS["openvino/model_bf16.xml"] == layout.OPENVINO_BF16
     server = tmp_path / "run" / "server"
-    assert layout.server_stage_model(server, tmp_path / "export", "openvino", "bf16") == server / "onnx" / "model.onnx"
-    for f in (tmp_path / layout.OPENVINO_BF16, server / "openvino" / "model_bf16.xml"):
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text("<net/>")
-    assert layout.serving_model("openvino", "bf16", tmp_path) == layout.OPENVINO_BF16
     assert layout.server_stage_model(server, tmp_path / "export", "openvino", "bf16") == \
         server / "openvino" / "model_bf16.xml"
     assert layout.serving_model("paddle-inference", "bf16", tmp_path) == layout.FP32_PREFIX   # the engine's switch
+    (tmp_path / layout.ONNX_MODEL).parent.mkdir(parents=True)
+    (tmp_path / layout.ONNX_MODEL).write_bytes(b"onnx")             # the file such a bundle did serve: not any more
+    from pipeline.core import capabilities
+    monkeypatch.setattr(capabilities, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))   # any host
+    with pytest.raises(MissingArtifact) as err:
+        load_engine(tmp_path, {"serving": {"engine": "openvino", "precision": "bf16"}}, override="openvino",
+                    precision="bf16")
+    line = err.value.one_line()
+    assert "no bf16 model for engine openvino" in line and layout.OPENVINO_BF16 in line and "\n" not in line
+    assert "before that row's own IR was bundled" in line
 
 
 def test_openvino_bf16_row_writes_the_ir_it_is_gated_on(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ so a path changes in one line. Paths are relative to the bundle folder, POSIX st
     server/onnx/model_int8.onnx                 ONNX Runtime static int8 (QDQ)
     server/openvino/model_int8.xml|.bin         OpenVINO int8 (NNCF)
     server/openvino/model_bf16.xml|.bin         OpenVINO bf16: the fused f32 IR with server.bf16.openvino_keep_fp32's
-                                                layers marked `precise` (bundles from before it: the ONNX model)
+                                                layers marked `precise` (a bundle from before it is refused when
+                                                that row is loaded)
     mobile/<target>_<precision>.nb              Paddle Lite
     infer_config.yaml                           input spec, pre/post-processing, labels, serving choice
     samples/NNN.png + samples/expected.npz      sample inputs and the FP32 outputs for them
@@ -65,19 +66,24 @@ def server_stage_model(server_dir, export_prefix, kind: str, precision: str):
         return None
     if precision == "int8":
         return server_dir / ("onnx/model_int8.onnx" if kind == "onnxruntime" else "openvino/model_int8.xml")
-    if (kind, precision) == ("openvino", "bf16") and (server_dir / "openvino" / "model_bf16.xml").is_file():
+    if (kind, precision) == ("openvino", "bf16"):       # the IR the row was gated on (a declared server output)
         return server_dir / "openvino" / "model_bf16.xml"
     return server_dir / "onnx" / "model.onnx"
 
 
 def serving_model(kind: str, precision: str, folder=None) -> str:
-    """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference). With the bundle's
-    folder: a bundle made before OpenVINO bf16 had its own IR serves that row from the ONNX model (what such bundles
-    served, every layer bf16, whatever keep list their row was gated with)."""
-    rel = _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])
-    if folder is not None and rel == OPENVINO_BF16 and not model_exists(Path(folder) / rel):
-        return ONNX_MODEL
-    return rel
+    """The bundle path an engine loads at a precision (a Paddle prefix for paddle-inference); always that row's own
+    file, never a stand-in: a bundle made before OpenVINO bf16 had its own IR lacks it, and loading that row says so
+    (missing_model_line). `folder` is accepted for callers that pass the bundle; the path does not depend on it."""
+    return _LOW_PRECISION_MODELS.get((kind, precision), SERVING_MODELS[kind])
+
+
+def missing_model_line(folder, kind: str, precision: str) -> str:
+    """One line for a bundle that lacks the file its row loads (e.g. one made before the OpenVINO bf16 IR was bundled:
+    serving the ONNX model with the bf16 hint would run every layer bf16, not what the gate judged)."""
+    rel = serving_model(kind, precision)
+    why = " (a bundle made before that row's own IR was bundled)" if rel == OPENVINO_BF16 else ""
+    return f"the bundle has no {precision} model for engine {kind}: {Path(folder) / rel}{why}"
 
 
 def model_exists(path) -> bool:

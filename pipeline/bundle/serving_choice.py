@@ -175,9 +175,9 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
     model = folder / bundle_layout.serving_model(kind, prec, folder)
     if not bundle_layout.model_exists(model):
         ref_kind, _ = bundle_layout.reference_of(infer_cfg)
-        raise MissingArtifact(f"the bundle has no {prec} model for engine {kind}: {model}",
-                              hint=f"pick another --engine/--precision ({ref_kind} fp32, its reference, is always "
-                                   "bundled)")
+        raise MissingArtifact(bundle_layout.missing_model_line(folder, kind, prec),
+                              hint=f"rebuild it with `make deploy`, or pick another --engine/--precision ({ref_kind} "
+                                   "fp32, its reference, is always bundled)")
     cores = cpu_count()
     pick = {p: (threads or settings[p]["threads"] or cores) for p in ("batch1", "batchN")}
     opts = {"device": "gpu"} if kind == "paddle-inference" and prec == "fp16" else {}

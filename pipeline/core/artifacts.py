@@ -9,10 +9,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from pipeline.core.errors import IntegrityError, MissingArtifact
 
@@ -150,3 +152,46 @@ def require_file(path: Path, what: str, make_hint: str) -> Path:
     if not Path(path).is_file():
         raise MissingArtifact(f"missing {what}: {path}", hint=make_hint)
     return Path(path)
+
+
+# folder (absolute, with a trailing separator) -> (who reads, whose folder, may this relative path be read?)
+_READ_LIMITS: dict[str, tuple[str, str, Callable[[str], bool]]] = {}
+_HOOKED = False
+
+
+def _refuse_undeclared_read(event: str, args: tuple) -> None:
+    """sys.addaudithook callback: an `open` under a limited folder of a path it does not allow raises (the stage's
+    own code gets the error from its open call). Native runtimes reading model files are not seen: the declared
+    outputs they load are checked where the stage names them (StageContext.input)."""
+    if event != "open" or not _READ_LIMITS or isinstance(args[0], int):
+        return
+    try:
+        path = os.path.abspath(os.fsdecode(args[0]))
+    except (TypeError, ValueError):
+        return
+    for folder, (reader, producer, allowed) in list(_READ_LIMITS.items()):
+        if path.startswith(folder):
+            rel = path[len(folder):].replace(os.sep, "/")
+            if not allowed(rel):
+                raise MissingArtifact(f"the {reader} stage opened '{rel}' in the {producer} stage's output, which "
+                                      f"the {producer} stage does not declare",
+                                      hint=f"declare it in the {producer} STAGE's outputs / optional_outputs, or read "
+                                           "a declared output (pipeline/core/catalogue.py)")
+
+
+@contextmanager
+def reads_limited(reader: str, folders: dict[str, tuple[Path, Callable[[str], bool]]]):
+    """While the block runs (a stage), files under each producer's folder open only if allowed(rel) says so:
+    {producer: (folder, allowed)}. One audit hook for the process (hooks cannot be removed), active only here."""
+    global _HOOKED
+    if not _HOOKED:
+        sys.addaudithook(_refuse_undeclared_read)
+        _HOOKED = True
+    added = {os.path.join(os.path.abspath(folder), ""): (reader, producer, allowed)
+             for producer, (folder, allowed) in folders.items()}
+    _READ_LIMITS.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            _READ_LIMITS.pop(key, None)

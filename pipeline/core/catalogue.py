@@ -1,33 +1,42 @@
 """The stage catalogue: every stage, what it reads and writes, and which tasks it applies to, in one place.
 
-Stages are discovered from the `stages` package (each module exposes STAGE) and ordered by their declared
-inputs (Kedro/DVC style: the graph, not a hand-written list, gives the order). Everything that needs a
+Stages are registered from above: the `stages` package lists its modules and calls `register` when it is
+imported (`python -m pipeline`, the rank entry and the tests import it), so this bottom package never reaches the
+top one. They are ordered by their declared inputs (Kedro/DVC style: the graph, not a hand-written list, gives
+the order). Everything that needs a
 list of stages asks here: `run all` / `run deploy`, nightly, compare, accept, conformance, the summary,
 the bundle's gate sources and the Makefile (`python -m pipeline stages`).
 """
 from __future__ import annotations
 
 import fnmatch
-import importlib
-import pkgutil
 from functools import lru_cache
 
-from pipeline.core.errors import ConfigError, MissingArtifact
+from pipeline.core.artifacts import MANIFEST
+from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
 # what users type (make targets / CLI aliases) -> the make_target of the stages it runs
 ALIASES = {"all": None, "deploy": "deploy"}
 
 
+_REGISTERED: dict = {}       # name -> Stage, as registered (stages/__init__.py)
+
+
+def register(*declared) -> None:
+    """Add stages (pipeline.core.runner.Stage) to the catalogue; a stage registered again under its name (a
+    reloaded module) replaces the earlier one."""
+    for stage in declared:
+        _REGISTERED[stage.name] = stage
+    stages.cache_clear()
+
+
 @lru_cache(maxsize=1)
 def stages() -> dict:
     """name -> Stage, in dependency order (inputs before the stages that read them)."""
-    pkg = importlib.import_module("stages")
-    found = {}
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        stage = getattr(importlib.import_module(f"stages.{mod}"), "STAGE", None)
-        if stage is not None:
-            found[stage.name] = stage
-    return _topological(found)
+    if not _REGISTERED:
+        raise PipelineError("the stage catalogue is empty: no stage has been registered",
+                            hint="import the `stages` package first (python -m pipeline and tests/conftest.py do)")
+    return _topological(dict(_REGISTERED))
 
 
 def _topological(found: dict) -> dict:
@@ -80,17 +89,38 @@ def expand(names: list[str], task: str) -> list[str]:
     return [n for n in chain if n in wanted]
 
 
+# files every stage folder holds that are records, not outputs: no stage reads another's (the runner writes the first
+# two; evidence/ keeps a crashed row's traceback)
+RECORDS = (MANIFEST, "config.resolved.yaml", "evidence/*")
+
+
+def declares(stage, rel: str) -> bool:
+    """Is `rel` (POSIX, relative to the stage folder) one of the stage's declared outputs: a pattern it matches
+    (fnmatch: `*` spans folders), or a file inside a declared folder ("models/int8" declares models/int8/model.pdmodel)?"""
+    return any(fnmatch.fnmatchcase(rel, pattern) or rel.startswith(pattern.rstrip("/") + "/")
+               for pattern in (*stage.outputs, *stage.optional_outputs))
+
+
 def check_output(producer: str, rel: str) -> None:
     """A stage may read another stage's file only under a name that stage declares (catalogue discipline)."""
     stage = stages()[producer]
-    if not any(fnmatch.fnmatchcase(rel, pattern) for pattern in (*stage.outputs, *stage.optional_outputs)):
+    if not declares(stage, rel):
         raise MissingArtifact(f"'{rel}' is not a declared output of the {producer} stage",
-                              hint=f"declared: {', '.join((*stage.outputs, *stage.optional_outputs))}")
+                              hint=f"declared: {', '.join((*stage.outputs, *stage.optional_outputs))}; a stage "
+                                   f"reads only what another declares (STAGE.outputs / optional_outputs)")
 
 
 def missing_outputs(stage, folder) -> list[str]:
     """Declared (non-optional) outputs a finished stage folder lacks: a stage must write what it promises."""
     return [rel for rel in stage.outputs if not (folder / rel).exists()]
+
+
+def undeclared_outputs(stage, folder) -> list[str]:
+    """Files a finished stage folder holds that its declaration does not name: every file a stage writes is declared,
+    so the next stage can read it and the catalogue shows it."""
+    files = (p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file())
+    return [rel for rel in files if not declares(stage, rel)
+            and not any(fnmatch.fnmatchcase(rel, pattern) for pattern in RECORDS)]
 
 
 def describe() -> list[dict]:

@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from pipeline.core import catalogue, console, env, resources, runlock
+from pipeline.core import catalogue, code_closure, console, env, resources, runlock
 from pipeline.core.capabilities import kernel_key
-from pipeline.core.artifacts import (MANIFEST, describe_files, load_manifest, replace_dir, staged_dir, verify_outputs,
-                        write_json)
+from pipeline.core.artifacts import (MANIFEST, describe_files, load_manifest, reads_limited, replace_dir, staged_dir,
+                                     verify_outputs, write_json)
 from pipeline.core.config import Config, save_resolved
 from pipeline.core.errors import ConfigError, GateFailed, IntegrityError, MissingArtifact, PipelineError
 from pipeline.core.gates import FAIL, OK, Gate
@@ -68,7 +68,9 @@ class Stage:
     make_target: str                  # what users type to produce this stage's output
     run: Callable[[StageContext], StageResult]
     description: str = ""
-    code_deps: tuple[str, ...] = ()   # repo-relative files/folders whose code changes the result
+    # the stage's code is its module's import closure (pipeline/core/code_closure.py); code_deps only adds
+    # repo-relative non-Python files or folders its result depends on
+    code_deps: tuple[str, ...] = ()
     # config keys that the resolved process layout (pipeline/core/process_layout.py) stands for: non-empty means the
     # layout enters the fingerprint in their place (train.nproc=auto and =2 are the same run on 2 cores)
     layout_keys: tuple[str, ...] = ()
@@ -102,19 +104,27 @@ def registry() -> dict[str, Stage]:
     return catalogue.stages()
 
 
-def _code_hash(stage: Stage) -> str:
-    """The stage's module plus its declared code deps: editing them re-runs the stage, editing
-    unrelated framework code (CLI, reports, serving) does not invalidate a 4-minute training."""
-    h = hashlib.sha256()
+def code_files(stage: Stage) -> list[Path]:
+    """The code a stage's result depends on: its module's import closure over pipeline/ and stages/
+    (pipeline/core/code_closure.py: derived, never listed by hand; reporting and CLI code left out) plus
+    `code_deps`, non-Python files it reads. Editing any of them re-runs the stage; editing code it cannot reach (the
+    CLI, reports, another stage's libraries) does not invalidate a 4-minute training."""
+    root = code_closure.ROOT
     mod = sys.modules.get(stage.run.__module__)
-    files = [Path(mod.__file__)] if mod and getattr(mod, "__file__", None) else []
-    root = Path(__file__).resolve().parents[2]
+    start = Path(mod.__file__) if mod and getattr(mod, "__file__", None) else None
+    files = list(code_closure.closure(start)) if start else []
     for dep in stage.code_deps:
         p = root / dep
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    for f in files:
+        files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return sorted(set(files))
+
+
+def _code_hash(stage: Stage) -> str:
+    h = hashlib.sha256()
+    root = code_closure.ROOT
+    for f in code_files(stage):
         h.update(f.relative_to(root).as_posix().encode() if f.is_relative_to(root) else b"")
-        h.update(f.read_bytes() if f.is_file() else b"<missing>")
+        h.update(code_closure.file_digest(f))
     return h.hexdigest()[:16]
 
 
@@ -272,12 +282,9 @@ class Runner:
         try:
             with staged_dir(final) as tmp:
                 ctx = StageContext(self.cfg, stage.name, tmp, work, dirs, manifests, fp, self.force)
-                result = stage.run(ctx)
-                missing = catalogue.missing_outputs(stage, tmp)
-                if missing and not any(g.status == FAIL for g in result.gates):
-                    raise IntegrityError(f"the {stage.name} stage passed but did not write its declared output "
-                                         f"'{missing[0]}'", hint="a bug in the stage: its STAGE.outputs and its "
-                                                                 "writes disagree")
+                with reads_limited(stage.name, self._readable(stage, dirs)):
+                    result = stage.run(ctx)
+                self._check_declarations(stage, tmp, result)
                 save_resolved(self.cfg, tmp / "config.resolved.yaml")     # the config these outputs came from
                 manifest = self._manifest(stage, fp, manifests, tmp, result, started, time.time() - t0)
                 manifest["resources"] = resources.peak_record(per_stage_peak)
@@ -297,6 +304,30 @@ class Runner:
             return Outcome(stage.name, "ERROR", error=runlock.storage_error(stage.name, exc, folder=final), seconds=time.time() - t0)
         shutil.rmtree(self.run_dir / f"{stage.name}.failed", ignore_errors=True)
         return Outcome(stage.name, OK, manifest=manifest, seconds=time.time() - t0)
+
+    def _readable(self, stage: Stage, dirs: dict[str, Path]) -> dict:
+        """{producer: (its folder, may this file be read?)}: a stage reads another stage's declared outputs and its
+        records of the run (manifest, resolved config), nothing else (external inputs, other runs' bundles, are
+        checked by their own manifests)."""
+        def allowed(producer: str):
+            return lambda rel: rel in (MANIFEST, "config.resolved.yaml") or catalogue.declares(self.stages[producer], rel)
+        return {dep: (dirs[dep], allowed(dep)) for dep in stage.inputs if dep in dirs}
+
+    @staticmethod
+    def _check_declarations(stage: Stage, folder: Path, result: StageResult) -> None:
+        """A passing stage wrote every declared output, and every file it wrote is declared (the catalogue is the one
+        list of what a stage makes; the next stage may read only that)."""
+        if any(g.status == FAIL for g in result.gates):
+            return          # a failed stage's folder is evidence, kept as it is
+        missing = catalogue.missing_outputs(stage, folder)
+        if missing:
+            raise IntegrityError(f"the {stage.name} stage passed but did not write its declared output "
+                                 f"'{missing[0]}'", hint="a bug in the stage: its STAGE.outputs and its writes disagree")
+        extra = catalogue.undeclared_outputs(stage, folder)
+        if extra:
+            raise IntegrityError(f"the {stage.name} stage wrote '{extra[0]}', which its STAGE declaration does not name"
+                                 + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
+                                 hint="a bug in the stage: add it to STAGE.outputs / optional_outputs")
 
     def up_to_date(self, stage: Stage, manifests: dict, layout, fp: str) -> dict | None:
         """The current output's manifest if it may be reused (verified on disk), else None."""

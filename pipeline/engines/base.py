@@ -33,12 +33,14 @@ def validate_input(x: object, want: Sequence[int], who: str = "engine") -> None:
 
 
 class Engine(abc.ABC):
-    """A loaded model on one runtime.
+    """A loaded model on one runtime: what an engine must implement (a new runtime subclasses it and is registered
+    with pipeline.engines.registry.register_engine; docs/extending.md).
 
-    Subclasses set: `kind` (runtime name used in gate subjects, e.g. "onnxruntime"),
-    `input_shape` (declared, -1 = free), `effective_precision` (what really runs: never the
-    requested label without proof), `evidence` (the proof: kernel precisions, quantized op counts,
-    runtime properties), `notes` (human-readable caveats) and `settings` (threads, providers ...).
+    Must: implement `_run` (a validated float32 batch -> output 0 as numpy) and, in __init__ (after
+    super().__init__()), set `input_shape` (declared, -1 = free). Set as they apply: `kind` (runtime name used in
+    gate subjects, e.g. "onnxruntime"), `effective_precision` (what really runs: never the requested label without
+    proof), `evidence` (the proof: kernel precisions, quantized op counts, runtime properties), `notes`
+    (human-readable caveats) and `settings` (threads, providers ...). May override `close` (release sessions).
     """
 
     kind: str = "engine"

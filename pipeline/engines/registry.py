@@ -7,21 +7,73 @@ numbers drift.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from pipeline.engines.base import Engine, ShapeRouted
 from pipeline.core.errors import ConfigError
 
-KINDS = ("paddle-inference", "onnxruntime", "openvino")
+KINDS = ("paddle-inference", "onnxruntime", "openvino")      # the built-in runtimes
 INTERLEAVED = "interleaved"     # rank()'s rows: timed alternately in one loop, one session id per call
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What registering an engine declares (docs/extending.md): its runtime name, how to build one, and the Python
+    module its runtime needs (None: always available). build(model, precision, *, threads, batch, spin, **opts)
+    returns a base.Engine subclass instance (it implements `_run` and sets input_shape, effective_precision with
+    its evidence)."""
+    kind: str
+    build: Callable[..., Engine]
+    requires: str | None = None
+
+
+def _paddle_inference(model, precision, *, threads, batch, spin, **paddle_opts) -> Engine:
+    from pipeline.engines.paddle_infer import InferenceEngine
+    return InferenceEngine(model, precision, threads=threads, **paddle_opts)
+
+
+def _onnxruntime(model, precision, *, threads, batch, spin, **_) -> Engine:
+    from pipeline.engines.ort import OrtEngine
+    return OrtEngine(model, threads=threads, label=precision, spin=spin)
+
+
+def _openvino(model, precision, *, threads, batch, spin, **_) -> Engine:
+    from pipeline.engines.ov import OpenVinoEngine
+    return OpenVinoEngine(model, threads=threads, label=precision, static_batch=batch)
+
+
+_ENGINES: dict[str, EngineSpec] = {s.kind: s for s in (EngineSpec("paddle-inference", _paddle_inference, "paddle"),
+                                                       EngineSpec("onnxruntime", _onnxruntime, "onnxruntime"),
+                                                       EngineSpec("openvino", _openvino, "openvino"))}
+
+
+def register_engine(kind: str, build: Callable[..., Engine], requires: str | None = None) -> EngineSpec:
+    """Add a runtime: `make(kind, ...)`, tune and rank then build it like any other (a built-in name cannot be taken)."""
+    if kind in KINDS:
+        raise ValueError(f"engine {kind!r} is built in; register another name")
+    spec = _ENGINES[kind] = EngineSpec(kind, build, requires)
+    return spec
+
+
+def kinds() -> tuple[str, ...]:
+    """Every engine `make` builds: the built-ins, then registered ones."""
+    return tuple(_ENGINES)
+
+
+def _spec(kind: str) -> EngineSpec:
+    if kind not in _ENGINES:
+        raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(_ENGINES)}")
+    return _ENGINES[kind]
 
 
 def available(kind: str) -> tuple[bool, str]:
     """Is the runtime importable here? (Paddle Inference always is: it is the pipeline's base.)"""
-    mod = {"paddle-inference": "paddle", "onnxruntime": "onnxruntime", "openvino": "openvino"}.get(kind)
+    mod = _spec(kind).requires
     if mod is None:
-        raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
+        return True, "ok"
     try:
         __import__(mod)
     except ImportError as e:
@@ -42,19 +94,11 @@ def make(kind: str, model: str | os.PathLike, precision: str = "fp32", *, thread
     batch: a batch size the instance will always see (OpenVINO compiles it statically).
     spin=False: ONNX Runtime's pool threads sleep between calls (for servers). Paddle's OpenMP threads are
     not switched here: they follow OMP_WAIT_POLICY, chosen per process by pipeline/core/env.py."""
-    if kind == "paddle-inference":
-        from pipeline.engines.paddle_infer import InferenceEngine
-
-        return InferenceEngine(model, precision, threads=threads, **paddle_opts)
-    if kind == "onnxruntime":
-        from pipeline.engines.ort import OrtEngine
-
-        return OrtEngine(model, threads=threads, label=precision, spin=spin)
-    if kind == "openvino":
-        from pipeline.engines.ov import OpenVinoEngine
-
-        return OpenVinoEngine(model, threads=threads, label=precision, static_batch=batch)
-    raise ConfigError(f"unknown engine {kind!r}", hint=f"one of {', '.join(KINDS)}")
+    engine = _spec(kind).build(model, precision, threads=threads, batch=batch, spin=spin, **paddle_opts)
+    if not isinstance(engine, Engine) or not isinstance(getattr(engine, "input_shape", None), (list, tuple)):
+        raise TypeError(f"engine {kind!r} built a {type(engine).__name__}: an engine is a pipeline.engines.base.Engine "
+                        "with input_shape set (docs/extending.md)")
+    return engine
 
 
 # engine options a batch profile records besides threads: those the tuner chooses (ir_optim), and the fp16 row's

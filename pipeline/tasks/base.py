@@ -6,8 +6,9 @@ Paddle Lite, HTTP) feeds the *same* preprocessed arrays and decodes with the *sa
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -41,14 +42,68 @@ class Datasets:
     info: dict[str, Any] = field(default_factory=dict)   # e.g. class names / charset, source
 
 
-class Task(Protocol):
-    name: str                 # "classification" | "recognition"
-    primary_metric: str       # "accuracy" | "seq_accuracy"
+class Task(abc.ABC):
+    """What a task provides: every hook the pipeline calls, declared here with its default (docs/extending.md).
 
-    def load_data(self, data_cfg: dict, seed: int) -> Datasets: ...
-    def build_model(self, model_cfg: dict, info: dict) -> "paddle.nn.Layer": ...
-    def loss(self, logits, labels): ...                       # paddle tensors → scalar tensor
-    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]: ...
-    def decode(self, outputs: np.ndarray, info: dict) -> list: ...  # predictions users see
-    def preprocess_spec(self, data_cfg: dict, info: dict) -> dict: ...  # → infer_config.yaml
-    def postprocess_spec(self, info: dict) -> dict: ...       # → infer_config.yaml (labels/charset, decoder)
+    Required (abstract): data, model, loss, metrics, the agreement measure gates read, decoding and the
+    pre/post-processing written into a bundle's infer_config.yaml. Declared with defaults (override what differs):
+    `outputs`, `output_layout`, `labels_are_classes`, `check_output_shape`. Optional: the hooks in OPTIONAL_HOOKS,
+    which a task defines only when it has them (callers ask `provides`).
+    """
+    name: str = ""                      # "classification" | "recognition" | ... (config `task:`)
+    primary_metric: str = ""            # "accuracy" | "seq_accuracy" | "hmean" ...
+    outputs: str = "logits"             # "probabilities": the model ends in softmax/sigmoid; gates compare them as such
+    output_layout: str | None = None    # e.g. "[N, classes]": its rank is checked with one forward pass before training
+    labels_are_classes: bool = True     # False: labels are not class ids (detection quads): no label-range check
+
+    @abc.abstractmethod
+    def load_data(self, data_cfg: dict, seed: int) -> Datasets:
+        """The train/val splits (numpy) and their info (labels, charset, source)."""
+
+    @abc.abstractmethod
+    def build_model(self, model_cfg: dict, info: dict):
+        """A paddle.nn.Layer for model.name (built-in or package.module:callable)."""
+
+    @abc.abstractmethod
+    def loss(self, logits, labels):
+        """Paddle tensors -> scalar tensor."""
+
+    @abc.abstractmethod
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+        """{primary_metric: value, ...}; None for unlabelled samples (has_labels), never invented."""
+
+    @abc.abstractmethod
+    def agreement(self, candidate: np.ndarray, reference: np.ndarray,
+                  band: float | None = None) -> tuple[str, float, float]:
+        """(measure name, tie-aware share, strict share) of samples on which candidate and reference agree: what an
+        engine row's gate compares besides the elementwise bound."""
+
+    @abc.abstractmethod
+    def decode(self, outputs: np.ndarray, info: dict) -> list:
+        """The predictions users see (class names, text, boxes)."""
+
+    @abc.abstractmethod
+    def preprocess_spec(self, data_cfg: dict, info: dict) -> dict:
+        """Input spec and preprocessing for infer_config.yaml (every engine feeds the same arrays)."""
+
+    @abc.abstractmethod
+    def postprocess_spec(self, info: dict) -> dict:
+        """Labels/charset and decoder for infer_config.yaml."""
+
+    def check_output_shape(self, shape: list[int], info: dict) -> None:
+        """Refuse, in one line, a model whose output cannot serve this task (e.g. CTC: fewer time steps than the
+        longest label needs). Default: nothing beyond output_layout's rank."""
+
+
+# hooks a task defines only when it has them (no neutral default exists): name -> what it does
+OPTIONAL_HOOKS = {
+    "correct_lost": "correct_lost(candidate, reference, labels) -> (lost, of): correctly read samples a candidate "
+                    "loses; with labels, a text-reading task's rows are also gated on it (max_correct_lost)",
+}
+
+
+def provides(task, hook: str) -> bool:
+    """Does `task` define the optional hook (OPTIONAL_HOOKS)? Asking for an undeclared hook is a bug."""
+    if hook not in OPTIONAL_HOOKS:
+        raise KeyError(f"{hook!r} is not an optional task hook (declared: {', '.join(OPTIONAL_HOOKS)})")
+    return callable(getattr(task, hook, None))

@@ -5,10 +5,10 @@ import numpy as np
 
 from pipeline.data import chars
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.tasks.base import Datasets, Split, has_labels, unlabelled
+from pipeline.tasks.base import Datasets, Split, Task, has_labels, unlabelled
 
 
-class ClassificationTask:
+class ClassificationTask(Task):
     name = "classification"
     primary_metric = "accuracy"
     output_layout = "[N, classes]"      # rank checked with one forward pass before training

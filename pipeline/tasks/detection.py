@@ -15,12 +15,12 @@ import numpy as np
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.ocr.db_post import DBParams, detect_batch
 from pipeline.ocr.det_metric import detection_scores
-from pipeline.tasks.base import Datasets, Split
+from pipeline.tasks.base import Datasets, Split, Task
 
 PRE_KEYS = ("resize", "limit_side_len", "limit_type", "mean", "std")
 
 
-class DetectionTask:
+class DetectionTask(Task):
     name = "detection"
     primary_metric = "hmean"
     labels_are_classes = False        # quads, not class ids: the trainer's label-range check does not apply

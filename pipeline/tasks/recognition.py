@@ -17,7 +17,7 @@ from pipeline.data.textlines import DEFAULT_CHARSET, drawable_chars, load_or_ren
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.ocr.text_metrics import (char_accuracy, ctc_greedy_decode, decode_indices, encode_labels,
                             seq_accuracy)
-from pipeline.tasks.base import Datasets, Split, has_labels, unlabelled
+from pipeline.tasks.base import Datasets, Split, Task, has_labels, unlabelled
 
 _SOURCES = ("synthetic", "folder", "pages", "images")
 # CTC on probabilities takes log(max(p, floor)): a class below the floor is out of the race either way
@@ -118,7 +118,7 @@ def _unlabelled_lines(cfg: dict, charset: str) -> Datasets:
                     info=_info(cfg, charset, "images"))
 
 
-class RecognitionTask:
+class RecognitionTask(Task):
     name = "recognition"
     primary_metric = "seq_accuracy"
     output_layout = "[N, T, classes]"   # rank checked with one forward pass before training

@@ -3,7 +3,7 @@
     make train [NPROC=2] [NNODES=2 MASTER=host:port NODE_RANK=i]
       → python -m pipeline run train ...      (the Runner plans the layout: pipeline/core/process_layout.py)
       → python -m paddle.distributed.launch --nproc_per_node N [--nnodes 2 --master host:port --rank i]
-            --log_dir <run>/log pipeline/training/rank_worker.py -c <run>/log/config.launch.yaml
+            --log_dir <run>/log pipeline/cli_rank.py -c <run>/log/config.launch.yaml
 
 Every worker calls `init_parallel_env()`; the train loop wraps the model in `paddle.DataParallel` and
 each rank takes its share of every global batch (train.batch_size is the global batch). Rank 0 alone
@@ -107,7 +107,8 @@ def _launch_cmd(layout, log_dir: Path, cfg_file: Path, force: bool) -> list[str]
                 "--job_id", "pipeline-train"]
     if layout.device == "gpu":
         cmd += ["--devices", ",".join(str(i) for i in range(layout.nproc))]
-    cmd += [str(Path(__file__).resolve().parent / "rank_worker.py"), "-c", str(cfg_file)]
+    # the rank's script sits above `stages` (it registers them), then runs rank_worker._worker
+    cmd += [str(Path(__file__).resolve().parents[1] / "cli_rank.py"), "-c", str(cfg_file)]
     return cmd + (["--force"] if force else [])
 
 

@@ -1,4 +1,5 @@
-"""One rank of a launched training (started by paddle.distributed.launch; see pipeline/training/distributed.py).
+"""One rank of a launched training (started by paddle.distributed.launch through pipeline/cli_rank.py, which
+registers the stages; see pipeline/training/distributed.py).
 
 Rank 0 decides whether the stage is up to date and broadcasts it (nodes may not share a disk), then runs
 a Runner (the only writer); the other ranks run the stage into a throwaway folder, taking part in the
@@ -13,8 +14,6 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Terminated(BaseException):
@@ -118,14 +117,3 @@ def _peer_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return any(w in text for w in ("connection", "gloo", "peer", "socket", "timed out", "broken pipe"))
 
-
-if __name__ == "__main__":
-    # started as a script by paddle.distributed.launch: import the package from the repo root,
-    # never from this folder (pipeline/ would shadow nothing useful and break relative imports)
-    here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    sys.path.insert(0, str(ROOT))
-    import pipeline  # noqa: F401  -- zlib before paddle, CPU tuning before paddle loads
-    from pipeline.training.rank_worker import _worker as _main
-
-    sys.exit(_main(sys.argv[1:]))
