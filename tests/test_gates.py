@@ -175,7 +175,11 @@ def test_strict_agreement_is_compared_as_a_number():
     ref[:, 0] = 1.0
     cand = ref + 0.5                                  # every score 0.5 off: elementwise fails at atol 0.1
     cand[7] = [0.0, 1.0]                              # one decision changed
-    agree = lambda c, r, band: ("argmax_agreement", *(2 * [float((c.argmax(1) == r.argmax(1)).mean())]))
+
+    def agree(c, r, band):
+        same = float((c.argmax(1) == r.argmax(1)).mean())
+        return "argmax_agreement", same, same
+
     g = evaluate(_gate(), cand, ref, atol=0.1, value=None, max_drop=0.0, agreement=agree, min_agreement=0.5)
     from pipeline.core.gates import _note_same_decoding
     assert g.extra["agreement_gate"]["strict"] == 0.99996
