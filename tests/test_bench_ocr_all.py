@@ -192,3 +192,47 @@ def test_every_system_reads_the_same_one_warm_up_page_untimed():
     from pipeline.core.errors import PipelineError
     with pytest.raises(PipelineError, match="warm-up page"):
         peers.warmup_name({"only.jpg": 1})
+
+
+def test_controls_run_rapidocr_on_our_files_at_our_resize_and_ours_at_its_resize(bench, tmp_path, monkeypatch):
+    """The wiring of the two controls, with the bundle reading and the worker faked (no model runs here)."""
+    import types
+
+    from pipeline.bundle import layout
+    from pipeline.bundle import system as bsys
+
+    subs = {r: tmp_path / r for r in ("detection", "recognition", "classifier")}
+    for sub in subs.values():
+        (sub / layout.ONNX_MODEL).parent.mkdir(parents=True)
+        (sub / layout.ONNX_MODEL).write_bytes(b"onnx")
+    det_pre = {"resize": "limit", "limit_type": "max", "limit_side_len": 960, "mean": [0.485, 0.456, 0.406],
+               "std": [0.229, 0.224, 0.225]}
+    spec = types.SimpleNamespace(det_pre=dict(det_pre), rec_post={"charset": ["a", "b", " "], "use_space_char": True})
+    monkeypatch.setattr(bsys, "spec_of", lambda folder: (spec, {}, {}))
+    monkeypatch.setattr(bsys, "subs_of", lambda folder, cfg: subs)
+    monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda folder: {})
+
+    class FakeOurs:
+        def __init__(self, args):
+            self.spec, self.label = types.SimpleNamespace(det_pre=dict(det_pre)), "ours"
+
+    made = []
+
+    class FakeWorker:
+        def __init__(self, python, modes, models=None, det=None, warmup=None):
+            made.append({"modes": modes, "models": models, "det": det, "warmup": warmup})
+            self.info = {"precision": {m: {"det": {"f32": 1}} for m in modes}}
+
+    monkeypatch.setattr(bench, "Ours", FakeOurs)
+    monkeypatch.setattr(bench, "Rapid3Worker", FakeWorker)
+    args = types.SimpleNamespace(bundle=[str(tmp_path / "ppocr_v5_system-1")], rapid3_python="py")
+    out = bench.controls(args, ["ours-v5"], warmup="page")
+    assert set(out) == {"ours-v5@rapid", "rapid3-on-v5"}
+    assert out["ours-v5@rapid"].spec.det_pre["limit_type"] == "min" == bench.RAPID3_RESIZE["limit_type"]
+    assert out["ours-v5@rapid"].spec.det_pre["mean"] == det_pre["mean"]          # only the resize changes
+    w = made[0]
+    assert w["modes"] == (bench.CONTROL_MODE,) and w["warmup"] == "page"
+    assert w["det"] == {"limit_type": "max", "limit_side_len": 960, "mean": det_pre["mean"], "std": det_pre["std"]}
+    assert w["models"]["det"] == subs["detection"] / layout.ONNX_MODEL
+    assert Path(w["models"]["keys"]).read_text(encoding="utf-8") == "a\nb\n"     # RapidOCR appends the space
+    assert "on ours-v5's fp32 ONNX files at its resize (max 960)" in out["rapid3-on-v5"].label
