@@ -246,7 +246,8 @@ def _agreement(gate: Gate, agreement, candidate, reference, min_agreement, key: 
     band, how = reference_tie_band(reference, tie_band)
     name, gated, strict = agreement(candidate, reference, band)
     tol_band = gate.checks[1].limit                  # atol + rtol x scale (None: no elementwise bound)
-    within_tol = agreement(candidate, reference, tol_band)[1] if tol_band is not None else None
+    ties = getattr(getattr(agreement, "__self__", None), "agreement_has_ties", True)
+    within_tol = agreement(candidate, reference, tol_band)[1] if tol_band is not None and ties else None
     gate.extra["agreement_gate"] = {"name": name, "gated": float(gated), "strict": float(strict),
                                     "tie_band": float(f"{band:.4g}"), "tie_band_from": how,
                                     "within_tolerance": None if within_tol is None else float(within_tol),
