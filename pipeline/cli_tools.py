@@ -59,6 +59,10 @@ def register(sub, config_args, output_args) -> None:
     config_args(h)
     h.set_defaults(func=_history)
 
+    t = sub.add_parser("gates", help="print every gate's limits from the config (the table docs/ hold, markdown)")
+    config_args(t)
+    t.set_defaults(func=_gates)
+
 
 def _trust(args, cfg):
     """--key, else verify.trust_key, else None (the signature is then reported as not checked)."""
@@ -232,4 +236,12 @@ def _history(args) -> int:
     from pipeline.nightly.regression import history_path
 
     print_trend(History(history_path(_load(args))), limit=args.limit)
+    return 0
+
+
+def _gates(args) -> int:
+    from pipeline.core.gate_table import markdown
+    from pipeline.core.session import load as _load
+
+    print(markdown(_load(args)))
     return 0

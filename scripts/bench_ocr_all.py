@@ -5,11 +5,20 @@ Ours: each system bundle given (--bundle, repeatable: the v4, v5 and v6 systems 
 RapidOCR 3.10 (its own venv, `make rapidocr3-venv`, through scripts/rapidocr3_worker.py) on its own models
 (PP-OCRv6 small det/rec, mobile v2 cls, from its wheel), three ways: as shipped (ONNX Runtime, its default engine),
 OpenVINO with f32 forced, and OpenVINO as shipped (bf16 on a bf16 CPU; the worker reports what each part ran).
-Timing as scripts/bench_ocr.py: one warm-up page, then one pass, page by page, every system in a rotating order, so
-the ratios come from one run on the same load. Reported: per system pages/s and its ratio to RapidOCR 3.10 as
-shipped, lines, GT.tsv's known texts (crops read with recognition alone); lines identical between every two systems
-(a box matched at IoU >= 0.5 with the same text); per image lines and known texts. Exit 1 when issue 32's target is
-missed (targets()): the served v5 system at >= 1.0x RapidOCR 3.10 as shipped, reading every known text v4 reads.
+Controls (issue 46; --no-controls leaves them out): the headline ratio (ours-vN / RapidOCR 3.10 as shipped) mixes the
+models, the detector's resize, the precision and the engine. Per bundle two more systems separate them:
+  rapid3-on-vN:  RapidOCR 3.10 (ONNX Runtime, its default engine, f32) on OUR vN files (each part's fp32 ONNX in
+                 the bundle) at OUR detector resize and normalisation: the same models and resize as ours-vN;
+  ours-vN@rapid: ours as served, at RapidOCR 3.10's resize (limit_type min 736, RAPID3_RESIZE).
+so headline = engine ratio (ours-vN / rapid3-on-vN: same models, same resize; ours as served vs RapidOCR f32)
+x configuration ratio (rapid3-on-vN / rapid3: one engine, our models and resize vs its own).
+Timing as scripts/bench_ocr.py: every system reads the same one warm-up page (ocr_peers.WARMUP, never timed), then
+one pass over the other pages, page by page, every system in a rotating order, 1 thread (OpenCV's too), so the
+ratios come from one run on the same load. Reported: per system pages/s and its ratio to RapidOCR 3.10 as shipped,
+lines, GT.tsv's known texts (crops read with recognition alone); the ratio decomposition; lines identical between
+every two systems (a box matched at IoU >= 0.5 with the same text); per image lines and known texts. Exit 1 when
+issue 32's target is missed or cannot be checked (targets(): no v5 bundle, no RapidOCR 3.10): the served v5 system
+at >= 1.0x RapidOCR 3.10 as shipped, reading every known text v4 reads.
 """
 from __future__ import annotations
 
@@ -21,12 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement, cpu, finish,  # noqa: E402
-                       interleaved, known, pages, texts_of)
+                       interleaved, known, pages, texts_of, warmup_name)
 from pipeline.core.errors import PipelineError  # noqa: E402
 
 BASE = "rapid3"                         # RapidOCR 3.10 as shipped: the base of every ratio
 RAPID3 = {BASE: "onnxruntime", "rapid3-ov-f32": "openvino-f32", "rapid3-ov": "openvino"}
 V5_VS_BASE = 1.0                        # issue 32: the served v5 system >= 1.0x RapidOCR 3.10 as shipped
+CONTROL_MODE = "onnxruntime"            # the controls' RapidOCR 3.10 engine: the one it ships with (BASE's)
+RAPID3_RESIZE = {"limit_type": "min", "limit_side_len": 736}    # RapidOCR 3.10's Det defaults (its config.yaml)
 
 
 def system_name(bundle: Path) -> str:
@@ -35,8 +46,9 @@ def system_name(bundle: Path) -> str:
     return f"ours-{m.group(1)}" if m else Path(bundle).name
 
 
-def build(args) -> dict:
-    """{name: system}: ours per bundle, then RapidOCR 3.10's three instances (one worker)."""
+def build(args, warmup=None) -> dict:
+    """{name: system}: ours per bundle, then RapidOCR 3.10's three instances (one worker), then the controls per
+    bundle (controls(): ours at RapidOCR's resize, RapidOCR 3.10 on our files at our resize)."""
     names = [system_name(Path(b)) for b in args.bundle]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -44,16 +56,96 @@ def build(args) -> dict:
     systems = {n: Ours(argparse.Namespace(bundle=b, engine=None, pin=None, config=None))
                for n, b in zip(names, args.bundle)}
     if args.rapid3_python:
-        worker = Rapid3Worker(args.rapid3_python, tuple(RAPID3.values()))
+        worker = Rapid3Worker(args.rapid3_python, tuple(RAPID3.values()), warmup=warmup)
         systems.update({n: Rapid3(worker, mode) for n, mode in RAPID3.items()})
+        if getattr(args, "controls", True):
+            systems.update(controls(args, names, warmup))
     return systems
 
 
-def summarize(got: dict, texts: dict, seconds: dict) -> dict:
+def controls(args, names: list[str], warmup) -> dict:
+    """Per bundle: "<name>@rapid" (ours as served, detector at RAPID3_RESIZE) and "rapid3-on-<vN>" (RapidOCR 3.10,
+    CONTROL_MODE, on the bundle's fp32 ONNX files at our detector's resize and normalisation; one worker each)."""
+    import tempfile
+
+    from pipeline.bundle import layout
+    from pipeline.bundle.format import load_infer_config
+    from pipeline.bundle.system import spec_of, subs_of
+
+    out = {}
+    for name, bundle in zip(names, args.bundle):
+        ours = Ours(argparse.Namespace(bundle=bundle, engine=None, pin=None, config=None))
+        ours.spec.det_pre = {**ours.spec.det_pre, **RAPID3_RESIZE}
+        ours.label += f", detector at RapidOCR's resize ({RAPID3_RESIZE['limit_type']} {RAPID3_RESIZE['limit_side_len']})"
+        out[f"{name}@rapid"] = ours
+        spec, _, _ = spec_of(Path(bundle))
+        subs = subs_of(Path(bundle), load_infer_config(Path(bundle)))
+        if "classifier" not in subs:
+            raise PipelineError(f"{bundle}: no classifier part; RapidOCR 3.10 runs one (give --no-controls)")
+        keys = Path(tempfile.mkdtemp(prefix="bench_ocr_all_")) / "keys.txt"
+        keys.write_text("\n".join(rapid_keys(spec.rec_post)) + "\n", encoding="utf-8")
+        files = {"det": subs["detection"] / layout.ONNX_MODEL, "cls": subs["classifier"] / layout.ONNX_MODEL,
+                 "rec": subs["recognition"] / layout.ONNX_MODEL, "keys": keys}
+        missing = [str(f) for f in files.values() if not Path(f).is_file()]
+        if missing:
+            raise PipelineError(f"{bundle}: no fp32 ONNX file for the same-model control: {', '.join(missing)}",
+                                hint="rebuild the bundle (make real-ocr / real-ocr-v5 / real-ocr-v6) or give --no-controls")
+        pre = spec.det_pre
+        det = {"limit_type": pre["limit_type"], "limit_side_len": int(pre["limit_side_len"]),
+               "mean": _triple(pre.get("mean")), "std": _triple(pre.get("std"))}
+        worker = Rapid3Worker(args.rapid3_python, (CONTROL_MODE,), files, det=det, warmup=warmup)
+        r = Rapid3(worker, CONTROL_MODE)
+        r.label = (f"RapidOCR 3.10, ONNX Runtime, on {name}'s fp32 ONNX files at its resize "
+                   f"({det['limit_type']} {det['limit_side_len']})" + r.label.split(",", 2)[-1].replace(
+                       " ONNX Runtime (as shipped)", ""))
+        out[f"rapid3-on-{name.removeprefix('ours-')}"] = r
+    return out
+
+
+def rapid_keys(rec_post: dict) -> list[str]:
+    """Our charset as RapidOCR's keys file: RapidOCR appends the space class itself."""
+    chars = list(rec_post["charset"])
+    return chars[:-1] if rec_post.get("use_space_char") and chars and chars[-1] == " " else chars
+
+
+def _triple(v) -> list[float] | None:
+    if v is None:
+        return None
+    return [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * 3
+
+
+def workers(systems: dict) -> list:
+    """Every RapidOCR 3.10 worker of a run, once each."""
+    seen = {id(s.worker): s.worker for s in systems.values() if isinstance(s, Rapid3)}
+    return list(seen.values())
+
+
+def decompose(systems: dict) -> list[dict]:
+    """Per our system with its controls: headline = engine x configuration (ratios of pages/s, from one run).
+    headline: ours-vN / RapidOCR 3.10 as shipped; engine: ours-vN / rapid3-on-vN (same models, same resize);
+    configuration: rapid3-on-vN / RapidOCR 3.10 as shipped (one engine: our models and resize vs its own);
+    at_rapid_resize: ours-vN@rapid / RapidOCR 3.10 as shipped (same resize: models, precision and engine left)."""
+    out = []
+    for n, v in systems.items():
+        control = f"rapid3-on-{n.removeprefix('ours-')}"
+        if not n.startswith("ours-") or "@" in n or BASE not in systems or control not in systems:
+            continue
+        pps = lambda k: systems[k]["pages_per_s"]            # noqa: E731
+        row = {"system": n, "headline": pps(n) / pps(BASE), "engine": pps(n) / pps(control),
+               "configuration": pps(control) / pps(BASE)}
+        if f"{n}@rapid" in systems:
+            row["at_rapid_resize"] = pps(f"{n}@rapid") / pps(BASE)
+        out.append(row)
+    return out
+
+
+def summarize(got: dict, texts: dict, seconds: dict, timed: list | None = None) -> dict:
     """From one interleaved pass ({system: {image: [(box, text)]}}, {system: {image: [text]}} as scored (crops read
-    alone), {system: seconds}): per system pages/s, ratio to BASE, lines, known texts; the identical-lines matrix;
-    per image rows. Pure: no system runs here."""
+    alone), {system: seconds}, the timed images (default: all; the warm-up page is scored, not timed)): per system
+    pages/s, ratio to BASE, lines, known texts; the ratio decomposition; the identical-lines matrix; per image rows.
+    Pure: no system runs here."""
     names, images = list(got), list(next(iter(got.values())))
+    n_timed = len(images if timed is None else timed)
     with_known = [i for i in images if KNOWN.get(i)]
     read = {n: [i for i in with_known if known(i, texts[n][i])] for n in names}
     same = {a: {} for a in names}
@@ -62,24 +154,27 @@ def summarize(got: dict, texts: dict, seconds: dict) -> dict:
         for b in names[x + 1:]:
             same[a][b] = same[b][a] = sum(agreement(got[a][i], got[b][i]) for i in images)
     base = seconds.get(BASE)
-    systems = {n: {"pages_per_s": len(images) / seconds[n], "seconds": seconds[n],
+    systems = {n: {"pages_per_s": n_timed / seconds[n], "seconds": seconds[n],
                    "vs_base": base / seconds[n] if base else None, "lines": same[n][n], "known": len(read[n]),
                    "of_known": len(with_known), "known_read": read[n],
                    "known_missed": [i for i in with_known if i not in read[n]]} for n in names}
     rows = [{"image": i, "known": bool(KNOWN.get(i)), **{n: {"lines": len(got[n][i]), "known": i in read[n],
                                                               "read": " | ".join(texts[n][i])[:60]} for n in names}}
             for i in images]
-    return {"pages": len(images), "systems": systems, "same": same, "rows": rows}
+    return {"pages": len(images), "timed": n_timed, "systems": systems, "same": same, "rows": rows,
+            "decomposition": decompose(systems)}
 
 
 def targets(res: dict) -> list[tuple[str, float, float, bool]]:
     """Issue 32's done-when as (what, observed, limit, met), from this run: the served v5 system against RapidOCR
-    3.10 as shipped, and every known text the served v4 reads also read by v5. Nothing to check without v5 (or
-    without the peer / v4 for the respective target)."""
+    3.10 as shipped, and every known text the served v4 reads also read by v5 (when v4 ran). Without v5 or without
+    the peer the target is not checked: that is a failed target, not a pass."""
     s, out = res["systems"], []
     if "ours-v5" not in s:
-        return out
-    if s["ours-v5"]["vs_base"] is not None:
+        return [("ours-v5 system in this run (make real-ocr-v5 builds its bundle)", 0.0, 1.0, False)]
+    if s["ours-v5"]["vs_base"] is None:
+        out.append(("RapidOCR 3.10 as shipped in this run (make rapidocr3-venv)", 0.0, 1.0))
+    else:
         out.append(("ours-v5 / RapidOCR 3.10 as shipped pages/s", s["ours-v5"]["vs_base"], V5_VS_BASE))
     if "ours-v4" in s:
         v4 = s["ours-v4"]["known_read"]
@@ -96,8 +191,9 @@ def report(res: dict, labels: dict, served: dict, con=None) -> bool:
 
     con = con or Console(width=200)
     names, s = list(res["systems"]), res["systems"]
-    t = Table(title=f"{res['pages']} real images, 1 thread, every system timed interleaved in one pass (rotating "
-                    f"order); ratios to RapidOCR 3.10 as shipped ({BASE}) from the same run")
+    t = Table(title=f"{res.get('timed', res['pages'])} real images timed (+ one warm-up page, scored), 1 thread, every "
+                    f"system timed interleaved in one pass (rotating order); ratios to RapidOCR 3.10 as shipped "
+                    f"({BASE}) from the same run")
     for col in ("system", "what runs", "pages/s", f"x {BASE}", "lines", "known texts"):
         num = col in ("pages/s", f"x {BASE}", "lines")
         t.add_column(col, no_wrap=num or col == "system", justify="right" if num else "left")
@@ -108,6 +204,7 @@ def report(res: dict, labels: dict, served: dict, con=None) -> bool:
                   "-" if v["vs_base"] is None else f"{v['vs_base']:.2f}x", str(v["lines"]),
                   escape(f"{v['known']}/{v['of_known']}{missed}"))
     con.print(t)
+    _decomposition_table(con, res.get("decomposition") or [])
     t = Table(title="Lines identical between systems (box matched at IoU >= 0.5, same text); diagonal: the "
                     "system's own lines")
     t.add_column("")
@@ -129,23 +226,38 @@ def report(res: dict, labels: dict, served: dict, con=None) -> bool:
             con.print(escape(f"{n} {role}: {p['engine']} {p['precision']} (ran {p.get('effective_precision', '?')}): "
                              f"{p.get('why', '')}"))
     met = targets(res)
-    if not met:
-        con.print("issue 32's target not checked: no ours-v5 system in this run")
     for what, v, lim, ok in met:
         con.print(f"{what}: {v:.3f} (target >= {lim:g}) {'ok' if ok else 'MISSED'}")
     return all(ok for *_, ok in met)
 
 
+def _decomposition_table(con, rows: list[dict]) -> None:
+    from rich.table import Table
+
+    if not rows:
+        con.print("no ratio decomposition: the controls did not run (--no-controls, or no RapidOCR 3.10)")
+        return
+    t = Table(title=f"Headline = engine x configuration (pages/s ratios, same run). engine: ours as served / RapidOCR "
+                    f"3.10 ({CONTROL_MODE} f32) on OUR model files at OUR resize; configuration: that control / "
+                    f"RapidOCR 3.10 as shipped (its v6 small models at min 736); @rapid: ours at RapidOCR's resize")
+    for col in ("system", f"headline x {BASE}", "engine", "configuration", f"@rapid x {BASE}"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for r in rows:
+        t.add_row(r["system"], f"{r['headline']:.2f}x", f"{r['engine']:.2f}x", f"{r['configuration']:.2f}x",
+                  f"{r['at_rapid_resize']:.2f}x" if "at_rapid_resize" in r else "-")
+    con.print(t)
+
+
 def run(args) -> tuple[dict, dict, dict]:
     imgs = pages(Path(args.images))
-    systems = build(args)
+    systems = build(args, imgs[warmup_name(imgs)])
     try:
-        got, seconds = interleaved(systems, imgs)
+        got, seconds, timed = interleaved(systems, imgs)
         texts = {n: {i: texts_of(s, i, img, got[n][i]) for i, img in imgs.items()} for n, s in systems.items()}
     finally:
-        if BASE in systems:
-            systems[BASE].worker.close()
-    res = summarize(got, texts, seconds)
+        for w in workers(systems):
+            w.close()
+    res = summarize(got, texts, seconds, timed)
     res["cpu"] = cpu()
     res["rapid3"] = systems[BASE].worker.info if BASE in systems else None
     served = {n: s.served() for n, s in systems.items() if isinstance(s, Ours)}
@@ -157,7 +269,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bundle", action="append", default=[], help="a system bundle folder (repeatable)")
     ap.add_argument("--images", default=str(IMAGES))
     ap.add_argument("--rapid3-python", default=None,
-                    help="python of the RapidOCR 3.10 venv (`make rapidocr3-venv`): adds its three peers")
+                    help="python of the RapidOCR 3.10 venv (`make rapidocr3-venv`): adds its three peers and, per "
+                         "bundle, the same-model / same-resize controls")
+    ap.add_argument("--no-controls", dest="controls", action="store_false",
+                    help="leave out the controls (ours at RapidOCR's resize, RapidOCR 3.10 on our files)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if not args.bundle and not args.rapid3_python:

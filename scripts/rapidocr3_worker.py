@@ -2,14 +2,18 @@
 (`make rapidocr3-venv`; its opencv-python-headless and numpy would overwrite the pipeline's), imports nothing of the
 pipeline.
 
-Models: --det/--cls/--rec/--keys (bench_ocr: RapidOCR 1.4.4's PP-OCRv4 ONNX files), or none: RapidOCR 3.10's own, as
-shipped (PP-OCRv6 small det/rec, mobile v2 cls, from its wheel). One instance per --modes entry, 1 thread each:
+Models: --det/--cls/--rec/--keys (bench_ocr: RapidOCR 1.4.4's PP-OCRv4 ONNX files; bench_ocr_all's controls: our
+bundles' ONNX files), or none: RapidOCR 3.10's own, as shipped (PP-OCRv6 small det/rec, mobile v2 cls, from its wheel).
+--limit-type/--limit-side-len/--mean/--std: the detector's resize and normalisation (bench_ocr_all's same-resize
+control: ours), else RapidOCR's own (min 736). One instance per --modes entry, --threads each (OpenCV's too):
   "onnxruntime":  RapidOCR's default engine and config, as a user gets it;
   "openvino-f32": OpenVINO with INFERENCE_PRECISION_HINT f32 forced (RapidOCR exposes no precision setting: its
                   OpenVINO CPU config is extended for this instance only);
   "openvino":     OpenVINO with RapidOCR's own config (the CPU plugin's default: bf16 where the CPU has it).
-Protocol (pickle frames on stdin/stdout): ("page" | "crop", mode, BGR uint8 array) -> (lines, seconds), lines =
-[(4x2 box, text)] for a page, [text] for a crop; seconds = the OCR call alone, timed here (no pipe in it).
+Protocol (pickle frames on stdin/stdout): first the warm-up page (a BGR uint8 array): each instance reads it once as it
+loads its models, its only warm-up (as every other system's); "ready" carries the readings. Then ("page" | "crop", mode,
+BGR uint8 array) -> (lines, seconds), lines = [(4x2 box, text)] for a page, [text] for a crop; seconds = the OCR call
+alone, timed here (no pipe in it).
 """
 from __future__ import annotations
 
@@ -22,14 +26,15 @@ import time
 MODES = ("onnxruntime", "openvino-f32", "openvino")
 
 
-def params(mode: str, files: dict | None) -> dict:
-    """RapidOCR's params for one instance: 1 thread on its engine; files (det/cls/rec/keys) or its own models."""
+def params(mode: str, files: dict | None, threads: int = 1, det: dict | None = None) -> dict:
+    """RapidOCR's params for one instance: `threads` on its engine; files (det/cls/rec/keys) or its own models;
+    det: {limit_type, limit_side_len, mean, std} of the detector's pre-processing, or RapidOCR's own."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     engine = "onnxruntime" if mode == "onnxruntime" else "openvino"
-    threads = {"onnxruntime": {"EngineConfig.onnxruntime.intra_op_num_threads": 1,
+    threads = {"onnxruntime": {"EngineConfig.onnxruntime.intra_op_num_threads": threads,
                                "EngineConfig.onnxruntime.inter_op_num_threads": 1},
-               "openvino": {"EngineConfig.openvino.inference_num_threads": 1}}[engine]
+               "openvino": {"EngineConfig.openvino.inference_num_threads": threads}}[engine]
     out = {"Global.log_level": "error", **threads}
     if engine != "onnxruntime":         # onnxruntime is RapidOCR's default engine_type: left as shipped
         from rapidocr import EngineType
@@ -37,28 +42,30 @@ def params(mode: str, files: dict | None) -> dict:
     if files:
         out.update({"Det.model_path": files["det"], "Cls.model_path": files["cls"], "Rec.model_path": files["rec"],
                     "Rec.rec_keys_path": files["keys"]})
+    out.update({f"Det.{k}": v for k, v in (det or {}).items() if v is not None})
     return out
 
 
-def _instances(modes: list[str], files: dict | None) -> dict:
+def _instances(modes: list[str], files: dict | None, warmup, threads: int = 1, det: dict | None = None) -> tuple:
+    """({mode: RapidOCR}, {mode: its reading of the warm-up page}): each instance reads the warm-up page once, under its
+    own config (models load on first use); a part the page did not reach is loaded, not run."""
     from rapidocr import RapidOCR
     from rapidocr.inference_engine.openvino import device_config
-    import numpy as np
 
     plain = device_config.CPUConfig.get_config
-    out = {}
+    out, warm = {}, {}
     for mode in modes:
         if mode == "openvino-f32":
             device_config.CPUConfig.get_config = lambda self: {**plain(self), "INFERENCE_PRECISION_HINT": "f32"}
         else:
             device_config.CPUConfig.get_config = plain
-        ocr = RapidOCR(params=params(mode, files))
-        # models load on first use: load them now, under this instance's config
-        ocr(np.full((64, 256, 3), 255, np.uint8), use_det=True, use_cls=True, use_rec=True)
-        ocr(np.full((48, 192, 3), 255, np.uint8), use_det=False, use_cls=True, use_rec=True)
+        ocr = RapidOCR(params=params(mode, files, threads, det))
+        warm[mode] = _call(ocr, "page", warmup)[0]
+        for load in ("_load_det_model", "_load_cls_model", "_load_rec_model"):
+            getattr(ocr, load)()
         out[mode] = ocr
     device_config.CPUConfig.get_config = plain
-    return out
+    return out, warm
 
 
 def precision(ocr) -> dict:
@@ -100,6 +107,11 @@ def main() -> int:
     ap.add_argument("--modes", default="openvino-f32,openvino", help=f"comma-separated, of {', '.join(MODES)}")
     for k in ("det", "cls", "rec", "keys"):
         ap.add_argument(f"--{k}", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="each engine's threads, and OpenCV's")
+    ap.add_argument("--limit-type", choices=("min", "max"), default=None)
+    ap.add_argument("--limit-side-len", type=int, default=None)
+    ap.add_argument("--mean", type=float, nargs=3, default=None)
+    ap.add_argument("--std", type=float, nargs=3, default=None)
     a = ap.parse_args()
     given = {k: getattr(a, k) for k in ("det", "cls", "rec", "keys")}
     if any(given.values()) and not all(given.values()):
@@ -108,15 +120,21 @@ def main() -> int:
     for m in modes:
         if m not in MODES:
             ap.error(f"--modes: unknown {m!r}, one of {', '.join(MODES)}")
+    import cv2
+
+    cv2.setNumThreads(a.threads)        # OpenCV's own pool would otherwise use every core inside the timed call
+    det = {"limit_type": a.limit_type, "limit_side_len": a.limit_side_len, "mean": a.mean, "std": a.std}
     out = os.fdopen(os.dup(1), "wb")        # the protocol's own copy of stdout: library chatter goes to stderr
     os.dup2(2, 1)
-    inst = _instances(modes, given if all(given.values()) else None)
+    inp = sys.stdin.buffer
+    warmup = pickle.load(inp)
+    inst, warm = _instances(modes, given if all(given.values()) else None, warmup, a.threads, det)
     from importlib.metadata import version
 
-    inp = sys.stdin.buffer
     pickle.dump(("ready", {**{p: version(p) for p in ("rapidocr", "openvino", "onnxruntime")},
                            "models": {k: v for k, v in given.items() if v} or "RapidOCR 3.10's own (as shipped)",
-                           "precision": {m: precision(o) for m, o in inst.items()}}), out)
+                           "det_resize": {k: v for k, v in det.items() if v is not None} or "RapidOCR's own (min 736)",
+                           "precision": {m: precision(o) for m, o in inst.items()}, "warmup": warm}), out)
     out.flush()
     while True:
         try:

@@ -76,7 +76,11 @@ def test_allclose_rtol_scales_with_reference_and_names_keys():
     flipped[1] = [20.3, 20.0, -3.0]
     g = evaluate_tol(_gate(), flipped, ref, Tolerance(atol=30.0, metric_delta=1.0, min_agreement=1.0), 0.9,
                      ClassificationTask(), key="server.gates.fp16")
-    assert g.status == OK          # 20.3 vs 20.0 is a tie within atol 30: not a disagreement
+    # 20.3 vs 20.0 is a tie within atol 30, yet the tolerance never widens agreement (issue 46: it made int8's
+    # agreement 1.0 by construction): the gated share is strict, the tie-aware one is information
+    assert g.status == FAIL and "argmax_agreement 0.5 < limit 1" in g.reason
+    info = g.extra["agreement_gate"]
+    assert info["gated"] == info["strict"] == 0.5 and info["within_tolerance"] == 1.0 and info["tolerance_band"] == 30.0
     g = evaluate_tol(_gate(), flipped, ref, Tolerance(atol=0.1, metric_delta=1.0, min_agreement=1.0), 0.9,
                      ClassificationTask(), key="server.gates.fp16")
     assert g.status == FAIL and "argmax_agreement 0.5 < limit 1" in g.reason and "strict 0.5" in g.reason
@@ -117,8 +121,9 @@ def test_judge_try_gives_a_keep_list_trial_its_gate_verdict_with_and_without_lab
     assert (r["lost"], r["of"]) == (2, 7) and r["strict"] == 0.75 and r["drop"] == 0.25
     assert not r["passed"] and "server.gates.int8.max_correct_lost" in r["reason"]
     r = judge_try(task, tol, cand, ref, None, "int8", key="server.gates.int8")
-    # without labels the elementwise bound and agreement judge (the gate counts ties within atol 10: passes)
-    assert r["passed"] and r["metric"] is None and r["lost"] is None and r["agreement"] == r["strict"] == 0.75
+    # without labels the elementwise bound and strict agreement judge (ties within atol 10 are not agreement)
+    assert not r["passed"] and r["metric"] is None and r["lost"] is None and r["agreement"] == r["strict"] == 0.75
+    assert "text_agreement 0.75 < limit 0.8" in r["reason"]
     bad = cand.copy()
     bad[0, 0, 0] = np.nan
     r = judge_try(task, tol, bad, ref, labels, "int8", key="server.gates.int8")
@@ -159,3 +164,27 @@ def test_failed_lite_x86_row_keeps_its_failure_reason(monkeypatch):
             assert "max_abs_diff" in g.reason and "executed" not in g.reason
         else:
             assert g.reason == "executed on the validation slice"
+
+
+def test_strict_agreement_is_compared_as_a_number():
+    """An elementwise failure is called 'identical decoded output' only when strict agreement is exactly 1:
+    0.99996 (formatted '1' at 4 digits) is one changed sample in 25 000, not identical."""
+    from pipeline.core.gates import evaluate
+
+    ref = np.zeros((25000, 2), np.float32)
+    ref[:, 0] = 1.0
+    cand = ref + 0.5                                  # every score 0.5 off: elementwise fails at atol 0.1
+    cand[7] = [0.0, 1.0]                              # one decision changed
+
+    def agree(c, r, band):
+        same = float((c.argmax(1) == r.argmax(1)).mean())
+        return "argmax_agreement", same, same
+
+    g = evaluate(_gate(), cand, ref, atol=0.1, value=None, max_drop=0.0, agreement=agree, min_agreement=0.5)
+    from pipeline.core.gates import _note_same_decoding
+    assert g.extra["agreement_gate"]["strict"] == 0.99996
+    assert "identical on every sample" not in _note_same_decoding(g).reason
+    cand[7] = [1.5, 0.5]
+    g = _note_same_decoding(evaluate(_gate(), cand, ref, atol=0.1, value=None, max_drop=0.0, agreement=agree,
+                                     min_agreement=0.5))
+    assert "identical on every sample" in g.reason

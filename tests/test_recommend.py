@@ -173,3 +173,28 @@ def test_registry_rank_marks_its_rows_as_one_interleaved_session():
     again = registry.rank({"a": Scale(1.0)}, x, batch_size=4, warmup=1, repeats=2, rounds=2)
     with pytest.raises(ValueError):
         rec.interleaved_session(rows + again)        # two calls = two moments
+
+
+def test_interleaved_rounds_rotate_the_first_timed_engine():
+    """No engine is always timed first (issue 46): round r starts with engine r mod n, in latency and throughput."""
+    import numpy as np
+
+    from pipeline.engines import registry
+
+    class Logged:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def run(self, x):
+            self.log.append(self.name)
+            return x
+
+    log: list[str] = []
+    engines = {k: Logged(k, log) for k in ("a", "b", "c")}
+    x = np.ones((1, 4), np.float32)
+    registry.interleaved_latency(engines, x, warmup=0, repeats=3, rounds=3)
+    assert log == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    log.clear()
+    registry.interleaved_throughput(engines, x, warmup=0, repeats=3, rounds=3)
+    assert [log[i] for i in (3, 6, 9)] == ["a", "b", "c"]        # after one warm-up call each, rounds start a, b, c
+    assert registry.rotated([], 2) == []

@@ -217,8 +217,15 @@ def test_http_row_gates_a_low_precision_row_as_served(smoke_chain, tmp_path):
     g = predict_http_row(SimpleNamespace(cfg=cfg, out_dir=tmp_path), ref, 1, eng, "int8")
     assert g.subject == "http /predict as served" and g.precision_requested == "int8"
     assert g.precision_effective == eng.effective_precision and g.extra["engine"] == "onnxruntime"
-    assert g.status == "OK", g.reason
-    assert any(c.key.startswith("server.gates.int8") for c in g.checks)
+    # the verdict is int8's (not asserted OK: on the barely trained smoke model int8 flips near-ties, and since issue
+    # 46 agreement is strict; measured 2026-12-06: 4 of the 8 HTTP samples, strict 0.5 < 0.85, FAIL)
+    tol = cfg.server.gates["int8"]
+    limits = {c.name: c for c in g.checks}
+    assert limits["argmax_agreement"].limit == tol.min_agreement and limits["argmax_agreement"].key.startswith(
+        "server.gates.int8")
+    scale = float(np.abs(ref.outputs[:g.extra["requests"]]).max())
+    assert abs(limits["max_abs_diff"].limit - (tol.atol + tol.rtol * scale)) < 1e-9
+    assert g.status == ("OK" if all(c.passed for c in g.checks) else "FAIL")
 
 
 @pytest.mark.slow

@@ -225,24 +225,55 @@ def agreement_check(name: str, value: float, minimum: float | None, key: str = "
     return Check(name, value, minimum, ">=", ok, k, detail)
 
 
+# The reference's own noise, relative to its scale: what two honest fp32 runs of one model differ by (the fp32
+# gate's rtol). A candidate's pick the reference scores within this of its top class is a tie in the reference itself
+REFERENCE_NOISE_RTOL = 1.0e-5
+
+
+def reference_tie_band(reference: np.ndarray, measured: float | None = None) -> tuple[float, str]:
+    """(band, how it was made) for agreement ties: the reference's own noise, never the candidate's tolerance.
+    measured: an observed fp32-vs-fp32 max|diff| (e.g. the fp32 row's), used when larger than the epsilon."""
+    scale = float(np.abs(reference.astype(np.float64)).max()) if reference.size else 0.0
+    eps = REFERENCE_NOISE_RTOL * scale
+    if measured is not None and math.isfinite(measured) and measured > eps:
+        return float(measured), f"fp32-vs-fp32 max|diff| {measured:.3g}"
+    return eps, f"reference noise {REFERENCE_NOISE_RTOL:g} x scale {scale:.4g}"
+
+
+def _agreement(gate: Gate, agreement, candidate, reference, min_agreement, key: str, tie_band) -> Check:
+    """The gated share counts ties only within the reference's own noise; the share with ties inside the row's
+    elementwise tolerance is information (int8's 0.75 x scale band makes nearly any runner-up a tie)."""
+    band, how = reference_tie_band(reference, tie_band)
+    name, gated, strict = agreement(candidate, reference, band)
+    tol_band = gate.checks[1].limit                  # atol + rtol x scale (None: no elementwise bound)
+    ties = getattr(getattr(agreement, "__self__", None), "agreement_has_ties", True)
+    within_tol = agreement(candidate, reference, tol_band)[1] if tol_band is not None and ties else None
+    gate.extra["agreement_gate"] = {"name": name, "gated": float(gated), "strict": float(strict),
+                                    "tie_band": float(f"{band:.4g}"), "tie_band_from": how,
+                                    "within_tolerance": None if within_tol is None else float(within_tol),
+                                    "tolerance_band": tol_band}
+    detail = f"strict {strict:.6g}" + (f"; ties within {how}" if gated != strict else "")
+    if within_tol is not None and within_tol != gated:
+        detail += f"; {within_tol:.4g} counting ties within the tolerance ({tol_band:.3g}): not gated"
+    return agreement_check(name, float(gated), min_agreement, key, detail)
+
+
 def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: float | None,
              value: float | None, max_drop: float, *, rtol: float = 0.0,
              agreement=None, min_agreement: float | None = None, key: str = "", suffix: str | None = None,
-             correct_lost: tuple[int, int] | None = None, max_correct_lost: float | None = None) -> Gate:
+             correct_lost: tuple[int, int] | None = None, max_correct_lost: float | None = None,
+             tie_band: float | None = None) -> Gate:
     """Fill gate.checks from a candidate/reference pair and decide the verdict.
 
-    agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), called with
-    the elementwise limit as the tie band; gated when min_agreement is set.
+    agreement: task.agreement(candidate, reference, band) -> (name, share, strict share), gated when min_agreement
+    is set, with a tie band from the reference's own noise (reference_tie_band; tie_band: a measured fp32-vs-fp32
+    max|diff|), never from the row's tolerance. gate.extra["agreement_gate"] keeps the numbers.
     key: the config prefix of the tolerance (e.g. "server.gates.fp16"), named in failure messages.
     correct_lost: (lost, of) from task.correct_lost, gated when max_correct_lost is set.
     """
     gate.checks = parity_checks(candidate, reference, atol, rtol, key, suffix)
     if gate.checks[0].passed and agreement is not None and len(gate.checks) > 2:
-        band = gate.checks[1].limit                  # atol + rtol x scale (None: strict agreement)
-        name, share, strict = agreement(candidate, reference, band)
-        ties = f"; within-tolerance ties ({band:.3g}) count as agreement" if band is not None and share != strict else ""
-        detail = f"strict {strict:.4g}{ties}"
-        gate.checks.append(agreement_check(name, float(share), min_agreement, key, detail))
+        gate.checks.append(_agreement(gate, agreement, candidate, reference, min_agreement, key, tie_band))
     if gate.checks[0].passed and value is not None and gate.reference is not None:
         gate.value = value
         gate.checks.append(metric_check(gate.metric, value, gate.reference, max_drop, key, len(candidate)))
@@ -255,7 +286,7 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
 
 
 def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
-                 task=None, key: str = "", labels: np.ndarray | None = None) -> Gate:
+                 task=None, key: str = "", labels: np.ndarray | None = None, tie_band: float | None = None) -> Gate:
     """evaluate() with a config Tolerance and the task's agreement measure (argmax for classification, decoded
     text for recognition, boxes for detection), with the elementwise bound of the task's output kind
     (logits: atol/rtol; probabilities: prob_atol, see parity_limits). With labels, a task that reads text
@@ -273,7 +304,7 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
         lost = task.correct_lost(candidate, reference, labels)
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
              min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix,
-             correct_lost=lost, max_correct_lost=getattr(tol, "max_correct_lost", None))
+             correct_lost=lost, max_correct_lost=getattr(tol, "max_correct_lost", None), tie_band=tie_band)
     if kind == "probabilities" and gate.checks[0].passed:
         _probability_range(gate, candidate)
     return _note_same_decoding(gate)
@@ -320,7 +351,8 @@ def _note_same_decoding(gate: Gate) -> Gate:
     the numbers moved, the answers did not (decide whether the tolerance or the engine is wrong)."""
     agree = [c for c in gate.checks if c.name.endswith("agreement")]
     elementwise = [c for c in gate.checks if c.name == "max_abs_diff" and not c.passed]
-    strict_all = agree and agree[0].detail.split(";")[0] == "strict 1"
+    strict = gate.extra.get("agreement_gate", {}).get("strict")
+    strict_all = bool(agree) and strict is not None and float(strict) == 1.0      # a number: 0.99996 is not 1
     if gate.status == FAIL and elementwise and strict_all:
         gate.reason += (f"; the decoded output ({agree[0].name}) is identical on every sample: only the elementwise "
                         f"values differ beyond {elementwise[0].key or 'the tolerance'}")

@@ -125,9 +125,18 @@ def batch_of(x: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([x] * (n // len(x) + 1))[:n])
 
 
+def rotated(keys: list, round_index: int) -> list:
+    """The order of one interleaved round: each round starts with the next engine, so no engine is always timed
+    first (right after the others' caches and the CPU's clock were disturbed) or always last."""
+    if not keys:
+        return keys
+    i = round_index % len(keys)
+    return keys[i:] + keys[:i]
+
+
 def interleaved_latency(engines: dict[str, Engine], x1: np.ndarray, *, warmup: int, repeats: int,
                         rounds: int = 5) -> dict[str, dict]:
-    """Batch-1 latency summaries, measured in interleaved rounds."""
+    """Batch-1 latency summaries, measured in interleaved rounds (the first-timed engine rotates per round)."""
     from pipeline.engines.perf import latency_ms, summarize_ms
 
     per = max(1, repeats // rounds)
@@ -135,10 +144,9 @@ def interleaved_latency(engines: dict[str, Engine], x1: np.ndarray, *, warmup: i
     for e in engines.values():
         for _ in range(warmup):
             e.run(x1)
-    for _ in range(rounds):
-        for k, e in engines.items():
-            lat = latency_ms(e.run, x1, warmup=0, repeats=per, raw=True)
-            times[k].extend(lat)
+    for r in range(rounds):
+        for k in rotated(list(engines), r):
+            times[k].extend(latency_ms(engines[k].run, x1, warmup=0, repeats=per, raw=True))
     return {k: {**summarize_ms(v), "repeats": len(v)} for k, v in times.items()}
 
 
@@ -152,9 +160,9 @@ def interleaved_throughput(engines: dict[str, Engine], xb: np.ndarray, *, warmup
     for e in engines.values():
         for _ in range(max(1, warmup)):
             e.run(xb)
-    for _ in range(rounds):
-        for k, e in engines.items():
-            times[k].extend(latency_ms(e.run, xb, warmup=0, repeats=per, raw=True))
+    for r in range(rounds):
+        for k in rotated(list(engines), r):
+            times[k].extend(latency_ms(engines[k].run, xb, warmup=0, repeats=per, raw=True))
     return {k: float(len(xb) / (np.median(v) / 1e3)) for k, v in times.items()}
 
 

@@ -48,9 +48,9 @@ def measure(run: Callable[[np.ndarray], Any], sample_shape: list[int], k: int, b
     rounds = int(max(3, min(5, budget_s * 1e3 / max(first * 3, 1e-3))))
     per = int(max(1, min(20, budget_s * 1e3 / max(first * rounds, 1e-3))))
     one, many = [], []
-    for _ in range(rounds):
-        one.append(_median_ms(lambda: run(x1), per, 0))
-        many.append(_median_ms(lambda: run(xk), per, 0))
+    for r in range(rounds):                 # alternate which batch is timed first in a round
+        for x, times in ((x1, one), (xk, many))[::1 if r % 2 == 0 else -1]:
+            times.append(_median_ms(lambda x=x: run(x), per, 0))
     b1, bk = float(np.median(one)) / base, float(np.median(many)) / k
     return {"base_batch": base, "batch": k, "base_ms_per_sample": round(b1, 4), "batchk_ms_per_sample": round(bk, 4),
             "saving_ms_per_sample": round(b1 - bk, 4), "saving_ratio": round((b1 - bk) / b1, 4) if b1 > 0 else 0.0,

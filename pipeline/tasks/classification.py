@@ -82,8 +82,8 @@ class ClassificationTask(Task):
 
     def agreement(self, candidate: np.ndarray, reference: np.ndarray, band: float | None = None) -> tuple[str, float, float]:
         """(name, agreement, strict agreement): share of samples whose predicted class equals the reference's.
-        With a band (the gate's elementwise tolerance), picking a class the reference scores within the band
-        of its top class is a tie, not a disagreement: the engines are then indistinguishable at that tolerance."""
+        With a band (the gate passes the reference's own noise, gates.reference_tie_band), picking a class the
+        reference scores within the band of its top class is a tie, not a disagreement."""
         a = candidate.reshape(len(candidate), -1)
         r = reference.reshape(len(reference), -1)
         pick = a.argmax(axis=1)

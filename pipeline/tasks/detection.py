@@ -26,6 +26,7 @@ class DetectionTask(Task):
     labels_are_classes = False        # quads, not class ids: the trainer's label-range check does not apply
     output_layout = "[N, 1, H, W]"    # probability map (eval); rank checked with one forward pass before training
     outputs = "probabilities"         # a sigmoid map: gates compare probabilities (pipeline/core/gates.py parity_limits)
+    agreement_has_ties = False        # box agreement takes no tie band: the gate need not measure it twice
 
     def __init__(self, post: dict | None = None):
         post = dict(post or {})

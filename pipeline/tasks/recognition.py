@@ -246,8 +246,8 @@ class RecognitionTask(Task):
 
     def agreement(self, candidate: np.ndarray, reference: np.ndarray, band: float | None = None) -> tuple[str, float, float]:
         """(name, agreement, strict agreement): share of lines whose greedy-decoded text equals the reference's.
-        With a band (the gate's elementwise tolerance), a line also agrees when at every time step the
-        candidate's class scores within the band of the reference's top class there (a tie at that tolerance)."""
+        With a band (the gate passes the reference's own noise, gates.reference_tie_band), a line also agrees when
+        at every time step the candidate's class scores within the band of the reference's top class there."""
         c, r = np.asarray(candidate), np.asarray(reference)
         strict = np.array([tuple(x) == tuple(y) for x, y in zip(ctc_greedy_decode(c), ctc_greedy_decode(r))])
         if band is not None and len(c):
