@@ -1,0 +1,178 @@
+"""`python -m pipeline batch BUNDLE INPUT OUTPUT`: a bundle over many images on Ray Data, resumable.
+
+The driver lists the inputs, reads from OUTPUT which are done (path + content hash, pipeline/scale/store.py), and
+hands the rest to a pool of Ray actors (Dataset.map_batches with a callable class): each actor opens, verifies and
+loads the bundle once (pipeline/scale/reader.py: as `serve` loads it) and turns a batch of paths into rows. The driver
+commits rows in part files as they arrive. A worker killed mid-run is restarted by Ray and its batch retried (Ray
+Data's actor pool: max_restarts=-1, max_task_retries=-1), and the driver only ever receives a batch's rows once, so
+the output holds every input exactly once; a stopped driver loses at most the rows not yet committed, which the
+next run reads again. Local by default (ray.init with this machine's cores), or --address of an existing cluster,
+whose nodes must hold the same project and .venv (docs/scale.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+from pipeline.scale.store import OutputStore, arrow_schema, list_inputs
+
+log = logging.getLogger("pipeline.scale")
+ROOT = Path(__file__).resolve().parents[2]
+# a quiet local Ray: no dashboard, no usage report, no metrics agent exporting
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+           "RAY_DATA_DISABLE_PROGRESS_BARS": "0"}
+
+
+@dataclass
+class BatchOptions:
+    workers: int = 0                 # actors (0: every CPU of the cluster / threads)
+    threads: int = 1                 # engine threads per actor (Ray CPUs each actor holds)
+    batch_size: int = 8              # inputs per actor call (and per Ray block)
+    address: str | None = None       # an existing Ray cluster; None: a local one on this machine's cores
+    key: str | Path | None = None    # public key the bundle must be signed with
+    fmt: str = "parquet"
+    max_pixels: int = 4096 * 4096
+    archive_limits: tuple = ()
+    commit_rows: int = 256           # rows per part file (a stopped driver re-reads at most this many)
+    commit_seconds: float = 30.0     # ... or rows of at most this age
+    object_store_mb: int = 512       # local Ray only: the shared-memory store (paths and rows are small)
+    progress: bool | None = None     # Ray's bars (None: on a terminal); off a terminal one line per 10 %
+    on_commit: object = None         # callable(rows committed so far, the part's rows): tests, progress
+    extra: dict = field(default_factory=dict)
+
+
+class _ReaderActor:
+    """The map_batches callable class: one verified, loaded bundle per Ray worker process."""
+
+    def __init__(self, bundle: str, key, threads: int, max_pixels: int, archive_limits: tuple):
+        import pipeline  # noqa: F401  (zlib before paddle, CPU tuning) in the worker process
+        from pipeline.core.env import import_paddle_quietly
+        from pipeline.scale.reader import BundleReader
+
+        import_paddle_quietly()
+        self.reader = BundleReader(bundle, key=key, threads=threads, max_pixels=max_pixels,
+                                   archive_limits=archive_limits)
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        rows = [self.reader.read(p, d) for p, d in zip(batch.column("path").to_pylist(),
+                                                          batch.column("done").to_pylist())]
+        return pa.Table.from_pylist([r for r in rows if r is not None], schema=arrow_schema())
+
+
+def start_ray(opts: BatchOptions) -> None:
+    """ray.init: the cluster at opts.address, or a local one on this machine's cores (project on the workers' path)."""
+    import ray
+
+    for k, v in RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    if ray.is_initialized():
+        return
+    if opts.address:
+        ray.init(address=opts.address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        return
+    from pipeline.core.env import cpu_count
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=cpu_count(), include_dashboard=False, log_to_driver=False,
+             object_store_memory=opts.object_store_mb * 2 ** 20, configure_logging=False)
+
+
+def _pool(opts: BatchOptions) -> int:
+    """Actors to start: --workers, or as many as the cluster's CPUs hold at --threads each (refused beyond them)."""
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    if opts.threads < 1:
+        raise ConfigError(f"--threads {opts.threads}: an actor needs at least one thread")
+    workers = opts.workers or max(1, cpus // opts.threads)
+    if workers * opts.threads > cpus:
+        raise ConfigError(f"--workers {workers} x --threads {opts.threads} = {workers * opts.threads} CPUs, the "
+                          f"cluster has {cpus}", hint="lower --workers or --threads (they would wait for CPUs forever)")
+    return workers
+
+
+def _blocks(paths: list[str], done: dict[str, str], size: int) -> list:
+    """The pending inputs as Arrow tables of `size` rows: one Ray block (and one retry unit) each."""
+    import pyarrow as pa
+
+    done_col = [done.get(p) for p in paths]
+    schema = pa.schema([("path", pa.string()), ("done", pa.string())])
+    return [pa.table({"path": paths[i:i + size], "done": done_col[i:i + size]}, schema=schema)
+            for i in range(0, len(paths), size)]
+
+
+def run_batch(bundle: str | Path, inputs: str, output: str | Path, opts: BatchOptions) -> dict:
+    """Read every input not yet in OUTPUT with the bundle; → the run's summary (also OUTPUT/_batch.json)."""
+    from pipeline.scale.reader import open_checked
+    from pipeline.core import tempdirs
+
+    store = OutputStore(Path(output), opts.fmt)
+    paths = list_inputs(inputs, exclude=Path(output))
+    done = store.done()
+    with tempdirs.directory("batch-check") as scratch:      # a bad bundle or key fails here, before Ray starts
+        _, cfg, manifest, signature = open_checked(Path(bundle), Path(scratch), opts.key, opts.archive_limits)
+    log.info("bundle %s (%s): %s", manifest.get("name"), cfg.get("task"), signature)
+    pending = [p for p in paths if p in done] + [p for p in paths if p not in done]  # the quick skips first
+    t0 = time.perf_counter()
+    start_ray(opts)
+    workers = _pool(opts)
+    log.info("%d inputs (%d with a row in %s already: re-read only if their bytes changed), %d workers x %d "
+             "threads, batches of %d", len(paths), sum(p in done for p in paths), output, workers, opts.threads,
+             opts.batch_size)
+    written, errors, first_row_s = _execute(str(Path(bundle).resolve()), _blocks(pending, done, opts.batch_size),
+                                            store, opts, workers, len(paths))
+    wall = time.perf_counter() - t0
+    summary = {"bundle": manifest.get("name"), "task": cfg.get("task"), "inputs": len(paths), "written": written,
+               "skipped": len(paths) - written, "errors": errors, "workers": workers, "threads": opts.threads,
+               "batch_size": opts.batch_size, "seconds": round(wall, 3),
+               "seconds_to_first_row": None if first_row_s is None else round(first_row_s, 3),
+               "format": opts.fmt, "signature": signature}
+    store.write_summary(summary)
+    return summary
+
+
+def _execute(bundle: str, blocks: list, store: OutputStore, opts: BatchOptions, workers: int, total: int):
+    """Run the actor pool over the blocks, committing rows as they arrive → (rows written, error rows, s to 1st)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = sys.stderr.isatty() if opts.progress is None else opts.progress
+    if not blocks:
+        return 0, 0, None
+    ds = ray.data.from_arrow(blocks).map_batches(
+        _ReaderActor, batch_format="pyarrow", batch_size=opts.batch_size, concurrency=workers, num_cpus=opts.threads,
+        fn_constructor_kwargs={"bundle": bundle, "key": None if opts.key is None else str(opts.key),
+                               "threads": opts.threads, "max_pixels": opts.max_pixels,
+                               "archive_limits": tuple(opts.archive_limits)})
+    pending, written, errors, t0, first, last_commit = [], 0, 0, time.perf_counter(), None, time.perf_counter()
+    step, next_line = max(1, total // 10), max(1, total // 10)
+    for table in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        rows = table.to_pylist()
+        if rows and first is None:
+            first = time.perf_counter() - t0
+        pending += rows
+        if pending and (len(pending) >= opts.commit_rows or time.perf_counter() - last_commit >= opts.commit_seconds):
+            written, errors = _commit(store, pending, written, errors, opts)
+            pending, last_commit = [], time.perf_counter()
+        done = written + len(pending)
+        if not ctx.enable_progress_bars and done >= next_line:
+            log.info("batch: %d of %d pending inputs read (%d%%)", done, total, 100 * done // max(total, 1))
+            next_line = (done // step + 1) * step
+    if pending:
+        written, errors = _commit(store, pending, written, errors, opts)
+    return written, errors, first
+
+
+def _commit(store: OutputStore, rows: list[dict], written: int, errors: int, opts: BatchOptions) -> tuple[int, int]:
+    store.write(rows)
+    written, errors = written + len(rows), errors + sum(r.get("error") is not None for r in rows)
+    if callable(opts.on_commit):
+        opts.on_commit(written, rows)
+    return written, errors
