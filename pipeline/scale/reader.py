@@ -67,12 +67,14 @@ class BundleReader:
 
     # -------------------------------------------------------------------------------- one input
 
-    def read(self, path: str, done: str | None = None) -> dict | None:
-        """The row of one file; None when `done` (the hash already in the output for this path) equals its hash."""
+    def read(self, path: str, file: str | None = None, done: str | None = None) -> dict | None:
+        """The row of one input (read from `file`, default `path`); None when `done` (the hash already in the output
+        for this path) equals its hash."""
         t0 = time.perf_counter()
-        row = {"path": path, "sha256": "", "bytes": None, "served": json.dumps(self.served), "worker": self.worker}
+        row = {"path": path, "sha256": "", "bytes": None, "result": None, "prediction": None, "score": None,
+               "served": json.dumps(self.served), "worker": self.worker}
         try:
-            data = Path(path).read_bytes()
+            data = Path(file or path).read_bytes()
         except OSError as exc:
             why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc.strerror or exc}"
             return None if done == "" else self._finish(row, t0, error=f"{printable(path)} {why}")
@@ -92,7 +94,7 @@ class BundleReader:
         return self._finish(row, t0)
 
     def _finish(self, row: dict, t0: float, error: str | None = None) -> dict:
-        row.update(error=error, ms=round((time.perf_counter() - t0) * 1e3, 3), rss_mb=rss_mb())
+        row.update(error=error, ms=round((time.perf_counter() - t0) * 1e3, 3), read_at=time.time(), rss_mb=rss_mb())
         return row
 
     def _infer(self, data: bytes, what: str) -> tuple[object, str | None, float | None]:
@@ -152,5 +154,5 @@ def _plain(value):
 def read_all(reader: BundleReader, paths: list[str], done: dict[str, str] | None = None) -> list[dict]:
     """The single-process reader: every path in order, in this process (rows skipped when done)."""
     done = done or {}
-    rows = (reader.read(p, done.get(p)) for p in paths)
+    rows = (reader.read(p, done=done.get(p)) for p in paths)
     return [r for r in rows if r is not None]

@@ -30,6 +30,7 @@ COLUMNS = {
     "score": ("float64", "the top label's score; an OCR page's mean line score (null without lines)"),
     "served": ("string", "JSON: per part, the engine and precision that ran"),
     "ms": ("float64", "decode + inference time of this input in its worker"),
+    "read_at": ("float64", "when its worker finished it (Unix seconds)"),
     "worker": ("string", "host:pid of the worker that read it"),
     "rss_mb": ("float64", "that worker's resident memory after it (MB)"),
     "error": ("string", "why it could not be read (one line); null for a good row"),
@@ -118,6 +119,8 @@ class OutputStore:
             raise DataError(f"output {self.folder} already holds {other[0]} (another format than {fmt})",
                             hint=f"resume with the same --format, or write to another folder")
         self.seq = 0
+        for stale in self.folder.glob(".part-*.tmp") if self.folder.is_dir() else ():
+            stale.unlink()          # a part a stopped run did not finish: its rows are read again
 
     def parts(self) -> list[Path]:
         if not self.folder.is_dir():
@@ -164,7 +167,12 @@ class OutputStore:
         return final
 
     def write_summary(self, summary: dict) -> None:
+        """Append this run's summary to SUMMARY (every run that wrote to the folder, oldest first)."""
         from pipeline.core.artifacts import atomic_write_text
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.folder / SUMMARY, json.dumps(summary, indent=1))
+        try:
+            runs = json.loads((self.folder / SUMMARY).read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            runs = []
+        atomic_write_text(self.folder / SUMMARY, json.dumps({"runs": runs + [{"run": self.run, **summary}]}, indent=1))
