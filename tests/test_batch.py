@@ -47,7 +47,8 @@ def inputs(tmp_path_factory) -> dict:
     sixteen = Image.fromarray((rng.integers(0, 65535, (48, 48))).astype(np.uint16))
     buf = io.BytesIO()
     sixteen.save(buf, format="PNG")
-    bad = {"corrupt": _png(np.zeros((32, 32), np.uint8))[:60],          # truncated inside its image data
+    noisy = _png(rng.integers(0, 255, (64, 64), dtype=np.uint8))
+    bad = {"corrupt": noisy[:len(noisy) // 2],                            # truncated inside its image data
            "not_an_image": b"%PDF-1.4 this is not a picture\n",
            "huge": png_header(20000, 20000),                             # 400 megapixels announced in the header
            "sixteen_bit": buf.getvalue()}
@@ -121,7 +122,7 @@ def test_worker_killed_mid_run_every_input_once_and_equal_to_the_single_process_
 
     by_path = {r["path"]: r for r in rows}
     errors = {k: by_path[p]["error"] for k, p in inputs["bad"].items()}
-    assert "not a readable image" in errors["corrupt"] or "not a readable PNG image" in errors["corrupt"], errors
+    assert "is not a readable PNG image (image file is truncated)" in errors["corrupt"], errors
     assert "not a readable image: not PNG, JPEG" in errors["not_an_image"], errors
     assert "400,000,000 pixels" in errors["huge"] and "serve.max_pixels" in errors["huge"], errors
     assert errors["sixteen_bit"] is None and by_path[inputs["bad"]["sixteen_bit"]]["prediction"]   # scaled, read
@@ -138,46 +139,33 @@ def test_worker_killed_mid_run_every_input_once_and_equal_to_the_single_process_
 
 
 def test_a_lost_part_and_a_changed_file_are_read_again_once(smoke_bundle, inputs, local_ray, tmp_path):
+    """JSONL output from a JSONL manifest (with a missing file and a folder: error rows); a part lost as if the run
+    had stopped before committing it, and a file whose bytes changed, are read again, nothing else."""
     from pipeline.scale.batch import run_batch
 
     src = tmp_path / "in"
     shutil.copytree(inputs["root"] / "synthetic", src)
-    out = tmp_path / "out"
-    run_batch(smoke_bundle[0], str(src), out, _opts(workers=1, batch_size=4, commit_rows=4))
-    first = _rows(out)
-    parts = sorted(out.glob("part-*.parquet"))
-    assert len(parts) >= 3
-    lost = {r["path"] for r in _rows_of(parts[1])}
-    parts[1].unlink()                                    # as if the run had stopped before committing it
-    changed = sorted(str(p) for p in src.rglob("*.png"))[0]
-    Path(changed).write_bytes(_png(np.full((50, 50), 200, np.uint8)))
-    s = run_batch(smoke_bundle[0], str(src), out, _opts(workers=1, batch_size=4))
-    assert s["written"] == len(lost | {changed}) and s["skipped"] == len(first) - s["written"]
-    rows = _rows(out)
-    new_hash = [r["sha256"] for r in rows if r["path"] == changed]
-    assert len(new_hash) == (1 if changed in lost else 2)            # the old content's row stays, with its hash
-    assert sorted({r["path"] for r in rows}) == sorted(r["path"] for r in first)
-
-
-def _rows_of(part: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(part).to_pylist()
-
-
-def test_jsonl_output_from_a_manifest_with_unreadable_entries(smoke_bundle, inputs, local_ray, tmp_path):
-    from pipeline.scale.batch import run_batch
-
+    listed = sorted(str(p) for p in src.rglob("*.png")) + [str(tmp_path / "missing/page.png"), str(tmp_path)]
     manifest = tmp_path / "list.jsonl"
-    good = inputs["files"][:3]
-    manifest.write_text("".join(json.dumps({"path": p}) + "\n" for p in good)
-                        + json.dumps({"path": "missing/page.png"}) + "\n" + json.dumps(str(tmp_path)) + "\n")
-    s = run_batch(smoke_bundle[0], str(manifest), tmp_path / "out", _opts(workers=1, fmt="jsonl"))
-    rows = {r["path"]: r for r in _rows(tmp_path / "out")}
-    assert s["written"] == 5 and set(rows) == {*good, str(tmp_path / "missing/page.png"), str(tmp_path)}
+    manifest.write_text("".join(json.dumps({"path": os.path.relpath(p, tmp_path)}) + "\n" for p in listed[:-1])
+                        + json.dumps(listed[-1]) + "\n")
+    out = tmp_path / "out"
+    first = run_batch(smoke_bundle[0], str(manifest), out, _opts(workers=1, batch_size=4, commit_rows=4, fmt="jsonl"))
+    rows = {r["path"]: r for r in _rows(out)}
+    assert first["written"] == len(listed) == len(rows) and set(rows) == set(listed)
     assert rows[str(tmp_path / "missing/page.png")]["error"].endswith("missing/page.png does not exist")
-    assert "cannot be read" in rows[str(tmp_path)]["error"]
-    assert all(rows[p]["error"] is None for p in good)
+    assert "cannot be read" in rows[str(tmp_path)]["error"] and first["errors"] == 2
+    parts = sorted(out.glob("part-*.jsonl"))
+    assert len(parts) >= 3
+    lost = {json.loads(line)["path"] for line in parts[1].read_text().splitlines()}
+    parts[1].unlink()
+    changed = listed[0]
+    Path(changed).write_bytes(_png(np.full((50, 50), 200, np.uint8)))
+    s = run_batch(smoke_bundle[0], str(manifest), out, _opts(workers=1, batch_size=4, fmt="jsonl"))
+    assert s["written"] == len(lost | {changed}) and s["skipped"] == len(listed) - s["written"]
+    again = _rows(out)
+    assert len([r for r in again if r["path"] == changed]) == (1 if changed in lost else 2)   # old content's row stays
+    assert sorted({r["path"] for r in again}) == sorted(listed) and len(again) == len(listed) + (changed not in lost)
 
 
 def test_user_mistakes_are_one_line_without_ray(smoke_bundle, tmp_path):

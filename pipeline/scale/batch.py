@@ -49,10 +49,8 @@ class _ReaderActor:
 
     def __init__(self, bundle: str, key, threads: int, max_pixels: int, archive_limits: tuple):
         import pipeline  # noqa: F401  (zlib before paddle, CPU tuning) in the worker process
-        from pipeline.core.env import import_paddle_quietly
         from pipeline.scale.reader import BundleReader
 
-        import_paddle_quietly()
         self.reader = BundleReader(bundle, key=key, threads=threads, max_pixels=max_pixels,
                                    archive_limits=archive_limits)
 
