@@ -65,12 +65,13 @@ def _mean_ms(rows: list[dict]) -> float:
     return sum(r["ms"] for r in rows) / max(len(rows), 1)
 
 
-def batch(bundle: str, folder: Path, workers: int, out: Path) -> dict:
+def batch(bundle: str, folder: Path, workers: int, out: Path, batch_size: int) -> dict:
     from pipeline.scale.batch import BatchOptions, run_batch
     from pipeline.scale.store import OutputStore
 
     shutil.rmtree(out, ignore_errors=True)
-    s = run_batch(bundle, str(folder), out, BatchOptions(workers=workers, threads=1, batch_size=8, progress=False))
+    s = run_batch(bundle, str(folder), out, BatchOptions(workers=workers, threads=1, batch_size=batch_size,
+                                                               progress=False))
     rows = OutputStore(out).rows()
     return {"pages_per_s": s["rows_per_s_all_workers_up"], "rows": rows,
             "rss_mb": s["peak_rss_mb_per_worker"], "start_s": s["seconds_to_first_rows"], "wall_s": s["seconds"],
@@ -101,20 +102,21 @@ def run(args) -> dict:
         for r in range(args.rounds):
             for name in (order if r % 2 == 0 else order[::-1]):
                 res = single(args.bundle, paths) if name == "single" else \
-                    batch(args.bundle, folder, int(name.split()[1]), Path(tmp) / "out")
+                    batch(args.bundle, folder, int(name.split()[1]), Path(tmp) / "out", args.batch_size)
                 print(f"  round {r + 1} {name}: {res['pages_per_s']:.2f} pages/s", flush=True)
                 if name not in best or (res["pages_per_s"] or 0) > (best[name]["pages_per_s"] or 0):
                     best[name] = res
         differ = {n: same_results(best["single"]["rows"], b["rows"]) for n, b in best.items() if n != "single"}
     one, alln, sp = (best[n]["pages_per_s"] or 0.0 for n in ("batch 1", f"batch {cores}", "single"))
-    return {"pages": args.pages, "cores": cores, "bundle": args.bundle, "rounds": args.rounds,
+    return {"pages": args.pages, "cores": cores, "bundle": args.bundle, "rounds": args.rounds, "batch_size": args.batch_size,
             "readers": {n: {k: v for k, v in b.items() if k != "rows"} for n, b in best.items()},
             "all_vs_one": alln / one if one else 0.0, "one_vs_single": one / sp if sp else 0.0,
             "differing_pages": differ}
 
 
 def report(res: dict) -> bool:
-    print(f"{res['pages']} pages ({res['bundle']}), {res['cores']} cores, engines at 1 thread, best of {res['rounds']}")
+    print(f"{res['pages']} pages ({res['bundle']}), {res['cores']} cores, engines at 1 thread, batches of "
+          f"{res['batch_size']}, best of {res['rounds']}")
     print(f"{'reader':<10} {'pages/s':>9} {'ms/page':>8} {'start s':>8}  memory per worker (MB)")
     for name, r in res["readers"].items():
         mem = ", ".join(f"{v:.0f}" for v in r["rss_mb"].values())
@@ -138,6 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--images", default=str(IMAGES))
     ap.add_argument("--pages", type=int, default=240)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=8, help="inputs per actor call (pipeline batch --batch-size)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     try:

@@ -24,7 +24,7 @@ def rendered(smoke_bundle, tmp_path_factory) -> Path:
                           "--storage-uri", "s3://models/smoke", "--namespace", "ocr"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.count("wrote ") == 3
+    assert res.stdout.count("wrote ") == 4
     return out
 
 
@@ -80,6 +80,7 @@ def test_runtime_service_and_image_say_what_serve_needs(rendered, smoke_bundle):
     paddle = re.search(r"^PADDLE_cpu := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert f"pip install {paddle} -r requirements.txt" in docker and "FROM python:3.10" in docker
     assert '"pipeline", "serve"' in docker and "EXPOSE 8080" in docker and "USER 1000" in docker
+    assert {".venv*", "runs", "bundles"} <= set((rendered / "Dockerfile.dockerignore").read_text().split())
 
 
 def test_the_app_serve_runs_answers_the_declared_routes(rendered, smoke_bundle):

@@ -8,7 +8,8 @@ Writes, into one folder:
                           bundle's storage URI (KServe's storage initializer puts it at /mnt/models) and resources from
                           the memory measured here while the real app served the bundle's samples;
   Dockerfile              the server image: Python 3.10, the pinned stack (requirements.txt + paddlepaddle), the project,
-                          a non-root user, `pipeline serve` as entry point (build from the project root).
+                          a non-root user, `pipeline serve` as entry point (build from the project root), and its
+                          Dockerfile.dockerignore (venvs, caches, runs and bundles stay out of the build context).
 Before anything is written, the app `serve` would run for the bundle is started on a local port: every route the
 runtime declares must answer 200 and the bundle's samples must be answered, or nothing is written.
 The files are plain YAML and text; tests validate them against the pinned `kserve` SDK's models
@@ -32,6 +33,7 @@ MODEL_FORMAT = "pipeline-bundle"
 PROBES = {"readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
 MODEL_DIR = "/mnt/models"              # where KServe's storage initializer puts storageUri
 PADDLE = "paddlepaddle==2.6.2"         # as the Makefile installs it (PADDLE_cpu)
+DOCKER_IGNORE = (".git", ".venv*", ".cache", "runs", "bundles", "kserve", "log", "**/__pycache__", "tests")
 
 
 def k8s_name(text: str) -> str:
@@ -105,7 +107,6 @@ def serving_runtime(name: str, image: str, res: dict) -> dict:
                  "command": ["python", "-m", "pipeline", "serve"],
                  "args": [MODEL_DIR, "--host", "0.0.0.0", "--port", str(PORT), "-o", "serve.access_log=false"],
                  "ports": [{"containerPort": PORT, "protocol": "TCP"}],
-                 "env": [{"name": "PIPELINE_QUIET", "value": "0"}],
                  "resources": res, **probes}
     return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime",
             "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "pipeline"}},
@@ -128,7 +129,7 @@ def dockerfile(version: str) -> str:
     return f"""# The `pipeline serve` image for KServe (written by `python -m pipeline kserve`, project {version}).
 # Build from the project root:  docker build -f <this file> -t <image> .
 FROM python:3.10-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIPELINE_QUIET=0
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 libgl1 libglib2.0-0 \\
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
@@ -167,4 +168,7 @@ def write_manifests(bundle: Path, out: Path | None = None, *, image: str | None 
         atomic_write_text(out / fname, note + yaml.safe_dump(doc, sort_keys=False))
         files.append(out / fname)
     atomic_write_text(out / "Dockerfile", dockerfile(__version__))
-    return files + [out / "Dockerfile"]
+    # BuildKit reads <Dockerfile>.dockerignore beside the Dockerfile: the context is the project root, whose venvs,
+    # caches, runs and bundles (gigabytes) the image does not need
+    atomic_write_text(out / "Dockerfile.dockerignore", "\n".join(DOCKER_IGNORE) + "\n")
+    return files + [out / "Dockerfile", out / "Dockerfile.dockerignore"]
