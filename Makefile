@@ -15,6 +15,8 @@ NODE_RANK ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(DEVICE)
+KSERVE_VENV := .venv-kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.installed
 PADDLE_cpu := paddlepaddle==2.6.2
 PADDLE_gpu := paddlepaddle-gpu==2.6.2
 # O reaches the CLI through the environment as ONE argument ("$$O"): make never re-splits it, and the
@@ -24,7 +26,8 @@ export FORCE O
 
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
-        bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6 bench-ocr-all
+        bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6 bench-ocr-all \
+        batch bench-batch kserve kserve-venv
 
 setup: $(STAMP)
 
@@ -60,7 +63,7 @@ all: $(STAMP)
 summary: $(STAMP)
 	$(PY) -m pipeline summary $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(KSERVE_STAMP)
 	$(PY) -m pytest -q tests
 
 # The OCR system end to end (detection + recognition + system stage, Chinese head size): minutes.
@@ -240,3 +243,40 @@ bench-train: $(STAMP)
 
 amp-bench: $(STAMP)
 	$(PY) scripts/amp_bench.py
+
+# ---- past one machine (docs/scale.md) -------------------------------------------------------------
+# make batch INPUT=folder|'glob'|manifest.jsonl OUTPUT=folder [BUNDLE=path] [WORKERS=n] [FORMAT=jsonl] [ADDRESS=ray://...]
+#   the bundle (default: the newest in bundles/) over every input on Ray Data; resumable: a re-run reads only
+#   the inputs not yet in OUTPUT
+# make bench-batch [BUNDLE=path] [PAGES=240]   pages/s at 1 and all workers vs the single-process reader
+# make kserve [BUNDLE=path]   KServe ServingRuntime + InferenceService + Dockerfile into kserve/<bundle name>/
+INPUT ?=
+OUTPUT ?=
+WORKERS ?=
+FORMAT ?= parquet
+ADDRESS ?=
+PAGES ?= 240
+
+batch: $(STAMP)
+	@$(NEWEST_BUNDLE); if [ -z "$(INPUT)" ] || [ -z "$(OUTPUT)" ]; then \
+	  echo "make batch needs INPUT=<folder, 'glob' or manifest> OUTPUT=<folder>" >&2; exit 2; fi; \
+	  echo "$(PY) -m pipeline batch $$b $(INPUT) $(OUTPUT) --format $(FORMAT)"; \
+	  $(PY) -m pipeline batch "$$b" "$(INPUT)" "$(OUTPUT)" --format $(FORMAT) $(if $(WORKERS),--workers $(WORKERS)) \
+	  $(if $(ADDRESS),--address $(ADDRESS)) $(KEYARG) -O "$$O"
+
+bench-batch: $(STAMP)
+	@$(NEWEST_BUNDLE); echo "$(PY) scripts/bench_batch.py --bundle $$b --pages $(PAGES)"; \
+	  $(PY) scripts/bench_batch.py --bundle "$$b" --pages $(PAGES) $${JSON:+--json "$$JSON"}
+
+kserve: $(STAMP)
+	@$(NEWEST_BUNDLE); echo "$(PY) -m pipeline kserve $$b"; $(PY) -m pipeline kserve "$$b" -O "$$O"
+
+# the KServe SDK that validates `pipeline kserve` output (tests/test_kserve_deploy.py): its own venv, as its protobuf<7
+# and python-dateutil<3 would downgrade the pipeline's (requirements-kserve.txt)
+kserve-venv: $(KSERVE_STAMP)
+
+$(KSERVE_STAMP): requirements-kserve.txt scripts/find_python.sh
+	@set -e; py="$$(scripts/find_python.sh)"; rm -rf $(KSERVE_VENV); "$$py" -m venv $(KSERVE_VENV); \
+	  echo "installing requirements-kserve.txt into $(KSERVE_VENV)"; \
+	  $(KSERVE_VENV)/bin/python -m pip install --quiet -r requirements-kserve.txt 2>&1 \
+	  | { grep -v "is ignored: it is neither" || true; }; touch $@

@@ -37,6 +37,28 @@ def register(sub, config_args, output_args) -> None:
     config_args(s)
     s.set_defaults(func=_serve)
 
+    b = sub.add_parser("batch", help="read a folder, glob or manifest of images with a bundle on Ray Data (resumable)")
+    b.add_argument("bundle", type=Path)
+    b.add_argument("input", help="a folder (recursive), a quoted glob, or a .jsonl/.parquet manifest with a path column")
+    b.add_argument("output", type=Path, help="output folder of part files; a re-run skips the inputs already in it")
+    b.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    b.add_argument("--workers", type=int, default=0, help="Ray actors (default: the cluster's CPUs / --threads)")
+    b.add_argument("--threads", type=int, default=1, help="engine threads (and Ray CPUs) per actor (default 1)")
+    b.add_argument("--batch-size", type=int, default=8, help="inputs per actor call (default 8)")
+    b.add_argument("--address", default=None, help="an existing Ray cluster (default: a local one on this machine)")
+    b.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
+    config_args(b)
+    b.set_defaults(func=_batch)
+
+    k = sub.add_parser("kserve", help="write a KServe ServingRuntime, InferenceService and container recipe for a bundle")
+    k.add_argument("bundle", type=Path)
+    k.add_argument("--out", type=Path, default=None, help="output folder (default: kserve/<bundle name>)")
+    k.add_argument("--image", default=None, help="the server image (default: pipeline-serve:<project version>)")
+    k.add_argument("--storage-uri", default=None, help="where the cluster reads the bundle (default: pvc://bundles/<name>)")
+    k.add_argument("--namespace", default=None)
+    config_args(k)
+    k.set_defaults(func=_kserve)
+
     n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
     n.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
     output_args(n)
@@ -140,6 +162,42 @@ def _serve(args) -> int:
           max_boxes=sv.max_boxes_per_page,
           archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine,
           precision=args.precision)
+    return 0
+
+
+def _batch(args) -> int:
+    from pipeline.core.session import load as _load
+    from pipeline.scale.batch import BatchOptions, run_batch
+
+    cfg = _load(args)          # the driver never loads a model: paddle is imported in the Ray workers only
+    for flag, value, least in (("--workers", args.workers, 0), ("--threads", args.threads, 1),
+                               ("--batch-size", args.batch_size, 1)):
+        if value < least:
+            from pipeline.core.errors import ConfigError
+            raise ConfigError(f"{flag} {value}: must be at least {least}")
+    opts = BatchOptions(workers=args.workers, threads=args.threads, batch_size=args.batch_size, address=args.address,
+                        key=_trust(args, cfg), fmt=args.format, max_pixels=cfg.serve.max_pixels,
+                        archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members))
+    s = run_batch(args.bundle, args.input, args.output, opts)
+    print(f"batch: {s['inputs']} inputs, {s['written']} rows written ({s['errors']} error rows), {s['skipped']} already "
+          f"in {args.output}; {s['workers']} workers x {s['threads']} threads, {s['seconds']:.1f} s")
+    if s["errors"]:
+        print(f"  error rows: the `error` column of {args.output} says why each input could not be read")
+    return 0
+
+
+def _kserve(args) -> int:
+    from pipeline.core.session import load as _load
+    from pipeline.core.env import import_paddle_quietly
+    from pipeline.scale.kserve_deploy import write_manifests
+
+    cfg = _load(args)
+    import_paddle_quietly()
+    files = write_manifests(args.bundle, args.out, image=args.image, storage_uri=args.storage_uri,
+                            namespace=args.namespace, max_pixels=cfg.serve.max_pixels,
+                            archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members))
+    for f in files:
+        print(f"wrote {f}")
     return 0
 
 

@@ -146,3 +146,36 @@ def test_serve_cli_answers_ocr_on_the_system_bundle(system_run):
         proc.terminate()
         out = proc.communicate(timeout=30)[0]
     assert "Traceback" not in out and "POST /ocr" in out, out
+
+
+def test_batch_rows_are_what_ocr_answers(system_run, tmp_path):
+    """`pipeline batch` on the system bundle (pipeline/scale): each row's lines are /ocr's answer for that page, on
+    a Ray worker as in this process; the /ocr app answers KServe's probes (/v2/health/ready, /v2/health/live)."""
+    import httpx
+
+    from pipeline.scale.batch import BatchOptions, run_batch
+    from pipeline.scale.reader import BundleReader, read_all
+    from pipeline.scale.store import OutputStore
+    from pipeline.serving.app import create_app
+    from pipeline.serving.http_common import BackgroundServer
+
+    bundle = Path(_manifest(system_run[0], "smoke_ocr_system", "system")["info"]["bundle"])
+    pages = sorted(str(p) for p in (bundle / "samples").glob("page_*.png"))
+    reader = BundleReader(bundle, threads=1)
+    try:
+        single = {r["path"]: r for r in read_all(reader, pages)}
+    finally:
+        reader.close()
+    with BackgroundServer(create_app(bundle, threads=1, log_requests=False)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        for path in ("/v2/health/ready", "/v2/health/live"):
+            assert client.get(path).status_code == 200, path
+        for p in pages:
+            answer = client.post("/ocr", content=Path(p).read_bytes(), headers={"content-type": "image/png"}).json()
+            assert json.loads(single[p]["result"])["lines"] == json.loads(json.dumps(answer["lines"])), p
+    s = run_batch(bundle, str(bundle / "samples"), tmp_path / "out", BatchOptions(workers=1, progress=False))
+    rows = OutputStore(tmp_path / "out").rows()
+    assert s["written"] == len(pages) == len(rows) and s["errors"] == 0
+    for r in rows:
+        assert (r["result"], r["prediction"], r["score"]) == (single[r["path"]]["result"],
+                                                             single[r["path"]]["prediction"], single[r["path"]]["score"])

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # bottom to top: a package may import its own modules and any package to its left, never one to its right
 ORDER = ["core", "engines", "data", "models", "ocr", "tasks", "training", "bundle", "serving", "evaluation",
-         "nightly", "stages", "cli"]
+         "scale", "nightly", "stages", "cli"]
 TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "cli_tools.py", "cli_rank.py"}
 
 

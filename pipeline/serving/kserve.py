@@ -134,6 +134,11 @@ def add_v2_routes(app, *, name: str, runner, input_shape: list, output_name: str
         app.add_api_route(base + "/infer", infer, methods=["POST"])
 
 
+def add_health_routes(app, versions: dict) -> None:
+    """The v2 health and server-metadata routes alone, for an app without a v2 model (/ocr): KServe's probes."""
+    _add_server_routes(app, versions)
+
+
 def _add_server_routes(app, versions: dict) -> None:
     """The v2 error handler, server metadata and health routes (the same whatever model is served)."""
     from fastapi.responses import JSONResponse

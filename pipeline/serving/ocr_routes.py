@@ -120,6 +120,10 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
                 "served": served, "batching": batching_state(runner.batching, runner.coalescer),
                 "versions": versions or env.versions()}
 
+    from pipeline.serving.kserve import add_health_routes           # GET /v2/health/live|ready (KServe probes)
+
+    add_health_routes(app, versions or env.versions())
+
     @app.post("/ocr")
     async def ocr(request: Request):
         page = await _page_from_request(request, max_body, max_pixels, app.state.prep)
@@ -135,7 +139,7 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
                               "(serve.max_boxes_per_page)")
         return answer
 
-    app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health"     # `serve` logs both
+    app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health, GET /v2/health/live|ready"     # `serve` logs both
     app.state.batching = runner.batching
     return app
 
