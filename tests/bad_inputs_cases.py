@@ -1038,6 +1038,31 @@ def evil_pdparams(kind: str, marker: Path) -> bytes:
 EVIL_KINDS = ("reduce", "nested-dict", "nested-list", "object-array", "eval", "stealthy")
 
 
+def pickle_bomb(kind: str) -> bytes:
+    """A small .pdparams that runs nothing but costs time or memory (issue 47): a DAG of shared lists (2^61
+    paths for a walk that does not remember), numpy.ndarray(shape) (1.6 GB of uninitialised "weights" from 40
+    bytes), a zero-stride view (a 3.2 GB array over 8 bytes), one 64 KB string encoded 2000 times (128 MB)."""
+    import codecs
+    import pickle
+
+    if kind == "dag":
+        x: list = []
+        for _ in range(60):
+            x = [x, x]
+        return pickle.dumps({"fc.weight": x}, protocol=2)
+    if kind == "ndarray-alloc":
+        return pickle.dumps({"fc.weight": _Call(np.ndarray, (200_000_000,))}, protocol=2)
+    if kind == "zero-stride":
+        return pickle.dumps({"fc.weight": _Call(np.ndarray, (400_000_000,), "f8", b"\0" * 8, 0, (0,))}, protocol=2)
+    if kind == "memo-encode":
+        text = "w" * (64 << 10)
+        return pickle.dumps({"fc.weight": [_Call(codecs.encode, text, "latin1") for _ in range(2000)]}, protocol=2)
+    raise ValueError(kind)
+
+
+BOMB_KINDS = ("dag", "ndarray-alloc", "zero-stride", "memo-encode")
+
+
 def _evil_pretrained(e: Env, kind: str) -> list[str]:
     path = e.write(f"{kind}.pdparams", evil_pdparams(kind, e.tmp / MARKER))
     return ["run", "train", *e.smoke(f"model.pretrained={path}", root=e.tmp / "runs")]
@@ -1123,6 +1148,10 @@ UNTRUSTED = [
     *[CliCase(f"pdparams-{k}", "untrusted model files", f"model.pretrained .pdparams with a pickle payload ({k})",
               lambda e, k=k: _evil_pretrained(e, k), ("refused", f"{k}.pdparams", "was not run"), absent=(MARKER,))
       for k in EVIL_KINDS],
+    *[CliCase(f"pdparams-bomb-{k}", "untrusted model files", f"model.pretrained .pdparams costing time or memory ({k})",
+              lambda e, k=k: ["run", "train", *e.smoke(f"model.pretrained={e.write(k + '.pdparams', pickle_bomb(k))}",
+                                                       root=e.tmp / "runs")], ("refused", f"{k}.pdparams"))
+      for k in BOMB_KINDS],
     CliCase("pdparams-not-pickle", "untrusted model files", "model.pretrained .pdparams that is random bytes",
             lambda e: ["run", "train", *e.smoke(f"model.pretrained={e.write('w.pdparams', os.urandom(256))}",
                                                 root=e.tmp / "runs")], ("w.pdparams", "not a Paddle parameter file")),

@@ -58,6 +58,42 @@ def test_stealthy_payload_returns_real_weights_to_pickle_but_nothing_here(tmp_pa
     assert not marker.exists()
 
 
+def _naive_walk(obj, budget: list) -> None:
+    """The old checker: every path through shared containers walked again."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise TimeoutError
+    if isinstance(obj, (list, tuple, dict)):
+        for v in (obj.values() if isinstance(obj, dict) else obj):
+            _naive_walk(v, budget)
+
+
+@pytest.mark.parametrize("kind", corpus.BOMB_KINDS)
+def test_pickle_bombs_are_harmful_then_bounded(kind, tmp_path):
+    """Issue 47: each file is small and harmful as plain pickle reads it (shown on the result, without touching
+    the memory), then refused here in well under a second."""
+    import time
+
+    data = corpus.pickle_bomb(kind)
+    assert len(data) < 300_000
+    obj = pickle.loads(data)["fc.weight"]          # no code runs in these: only numpy/list/codecs
+    if kind == "dag":
+        with pytest.raises(TimeoutError):
+            _naive_walk(obj, [1_000_000])           # 2^61 paths: a walk without memory never ends
+    elif kind in ("ndarray-alloc", "zero-stride"):
+        assert obj.nbytes > 1_000_000_000          # a GB-sized array from a few dozen bytes
+    else:
+        assert sum(len(b) for b in obj) > 100_000_000
+    del obj
+    path = tmp_path / f"{kind}.pdparams"
+    path.write_bytes(data)
+    start = time.perf_counter()
+    with pytest.raises(IntegrityError) as e:
+        safe_pickle.load_state(path, "model.pretrained")
+    assert time.perf_counter() - start < 2.0
+    assert str(path) in e.value.message and ("refused" in e.value.message or "not a Paddle" in e.value.message)
+
+
 def _saved(obj, protocol=4) -> bytes:
     buf = io.BytesIO()
     paddle.save(obj, buf, protocol=protocol)
