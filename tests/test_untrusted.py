@@ -265,3 +265,59 @@ def test_verify_runs_every_low_precision_file_the_bundle_may_serve(smoke_bundle)
             assert f"{kind} " in names and "on samples" in names, (kind, prec, names)
             ran = [c for c in report["checks"] if c["name"].startswith(kind) and "fp32" not in c["name"]]
             assert ran or layout.serving_model(kind, prec) in report["unverified"], (kind, prec, names)
+
+
+# ------------------------------------------------------------------------------------ checkpoints (issue 47)
+
+def _checkpoint(folder: Path, scheduler_state=None):
+    from pipeline.training import checkpoint
+
+    m = paddle.nn.Linear(2, 2)
+    sched = paddle.optimizer.lr.StepDecay(0.1, 2)
+    opt = paddle.optimizer.SGD(sched, parameters=m.parameters())
+    parts = {"model": m.state_dict(), "optimizer": opt.state_dict(),
+             "scheduler": scheduler_state or sched.state_dict(), "best": checkpoint.SameAs("model")}
+    path = checkpoint.save(folder, "k", parts, {"epoch": 0, "history": [], "best": 0.5, "best_epoch": 0})
+    return path, m, opt, sched
+
+
+@pytest.mark.parametrize("meta, words", [
+    ("{not json", "damaged"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"key": "k", "files": {"model": {"file": "../../../etc/hostname", "sha256": "0"}}}', "files.model"),
+    ('{"key": "k", "files": {}, "aliases": {}}', "missing"),
+    ("EPOCH", "'epoch'"),
+    ('{"key": "k", "files": "x"}', "'files'"),
+    ("[" * 100_000 + "]" * 100_000, "damaged"),
+])
+def test_tampered_checkpoint_meta_is_one_line_and_a_fresh_start(meta, words, tmp_path, caplog):
+    """Issue 47: each gave a traceback in checkpoint.load (KeyError, TypeError, RecursionError)."""
+    import json
+
+    from pipeline.training import checkpoint
+
+    path, *_ = _checkpoint(tmp_path / "ckpt")
+    if meta == "EPOCH":
+        good = json.loads((path / "meta.json").read_text())
+        meta = json.dumps({**good, "epoch": "seven"})
+    (path / "meta.json").write_text(meta)
+    with caplog.at_level("WARNING", logger="pipeline"):
+        assert checkpoint.load(tmp_path / "ckpt", "k") is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "meta.json is damaged" in lines[0] and words in lines[0] and "starting over" in lines[0]
+
+
+def test_checkpoint_that_does_not_fit_the_model_stops_with_one_line(tmp_path):
+    """A checkpoint whose parts are valid pickles but not this model's states (rehashed): resuming would
+    half-apply it; it stops with one line instead of a traceback from set_state_dict."""
+    import types
+
+    from pipeline.training import loop
+
+    _, m, opt, sched = _checkpoint(tmp_path / "ckpt", scheduler_state={"last_epoch": "x"})
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(resume=True, epochs=3))
+    lp = types.SimpleNamespace(ctx=types.SimpleNamespace(cfg=cfg, force=False), ckpt_dir=tmp_path / "ckpt",
+                               key="k", model=m, opt=opt, sched=sched, scaler=None)
+    with pytest.raises(IntegrityError, match="does not fit this model") as e:
+        loop._resume_state(lp)
+    assert "--force" in e.value.hint
