@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -24,10 +25,42 @@ DEFAULTS = ROOT / "configs" / "defaults.yaml"
 
 PosInt = Field(gt=0)
 NonNegFloat = Field(ge=0)
+MAX_INT = 1 << 40              # any integer key: past this it is a typo (and range()/allocations would die on it)
+MAX_FLOAT = 1e12               # any float key: finite and within this (a tolerance of .inf could never fail)
+MAX_COUNT = 10_000_000         # sample counts (data.num_train, ...): ~10x the largest real data set
+THREADS_PER_CORE = 4           # thread keys: at most this many per core (1e20 threads ended in SIGSEGV)
+
+
+def _max_threads() -> int:
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def _bounded(name: str, value) -> None:
+    """Raises ValueError naming `name` if a number in `value` (a list included) is out of every key's bounds."""
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > MAX_INT:
+            raise ValueError(f"{name}={v} is over the limit of {MAX_INT} for any integer key")
+        if isinstance(v, float) and (not math.isfinite(v) or abs(v) > MAX_FLOAT):
+            raise ValueError(f"{name}={v} is not a finite number within +-{MAX_FLOAT:g}")
+        if "threads" in name and isinstance(v, int) and v > _max_threads():
+            raise ValueError(f"{name}={v} is more than {THREADS_PER_CORE} threads per core "
+                             f"({_max_threads()} on this machine)")
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _numbers_bounded(self):
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for key, v in items:
+                if not isinstance(v, BaseModel):
+                    _bounded(name if key is None else f"{name}.{key}", v)
+        return self
 
 
 class RunCfg(Section):
@@ -55,13 +88,13 @@ class DataCfg(Section):
     charset: Optional[str]
     use_space_char: bool
     preprocess: Literal["default", "ppocr"]
-    num_train: int = PosInt
-    num_val: int = PosInt
+    num_train: int = Field(gt=0, le=MAX_COUNT)
+    num_val: int = Field(gt=0, le=MAX_COUNT)
     height: int = Field(ge=8, le=1024)
     width: int = Field(ge=8, le=4096)
     channels: Literal[1, 3]
-    max_len: int = PosInt
-    max_boxes: int = PosInt
+    max_len: int = Field(gt=0, le=1024)            # characters in one text line
+    max_boxes: int = Field(gt=0, le=10_000)        # text boxes on one page
     page_size: int = Field(ge=64, le=4096)
     fonts: list[str]
     train_drawable_only: bool
@@ -390,7 +423,7 @@ class RegressionCfg(Section):
 
 class Config(Section):
     task: Literal["classification", "recognition", "detection", "text_direction", "ocr_system"]
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, lt=1 << 32)            # numpy's and Paddle's seeds are 32-bit
     run: RunCfg
     data: DataCfg
     model: ModelCfg
@@ -667,6 +700,9 @@ def load_config(paths: list[str | Path] | None = None, overrides: list[str] | No
         where = ".".join(str(p) for p in err["loc"])
         got = err.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        named = re.match(r"Value error, ([\w.]+)=", err["msg"])
+        if named:                   # a section's own check names its key: section.key, not only the section
+            where, err = f"{where}.{named[1]}", {**err, "msg": err["msg"][len("Value error, "):]}
         more = f" [+{len(exc.errors()) - 1} more]" if len(exc.errors()) > 1 else ""
         raise ConfigError(f"config key '{where}': {err['msg']}{got_s}{more}",
                           hint="see configs/defaults.yaml for the allowed values") from None
