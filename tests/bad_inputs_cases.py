@@ -1226,6 +1226,11 @@ CONFIG += [
          "threads per core"),
     _cfg("tolerance-inf", "server.gates.fp32.atol=.inf (a gate that can never fail)", "server.gates.fp32.atol=.inf",
          "server.gates.fp32.atol", "finite"),
+    _cfg("bundle-version-path", "bundle.version=x/../../victim (a second run deleted a folder outside bundle.root)",
+         "bundle.version=x/../../victim", "bundle.version", "pattern"),
+    CliCase("run-into-bundle", "config (-o)", "run.root=<bundle.root> run.name=<a published bundle> (wrote into it)",
+            lambda e: ["run", "train", *e.smoke(f"run.name={e.bundle.name}", root=e.bundle.parent)],
+            ("run folder", "bundle.root", "overlap")),
     _cfg("cache-home", "data.cache_dir=$HOME (the home folder)", f"data.cache_dir={Path.home()}", "data.cache_dir",
          "a folder of its own"),
 ]

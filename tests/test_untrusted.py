@@ -321,3 +321,79 @@ def test_checkpoint_that_does_not_fit_the_model_stops_with_one_line(tmp_path):
     with pytest.raises(IntegrityError, match="does not fit this model") as e:
         loop._resume_state(lp)
     assert "--force" in e.value.hint
+
+
+# ------------------------------------------------------------------------------------ bundle names, publishing (issue 47)
+
+def test_bundle_version_is_a_name_not_a_path(tmp_path):
+    """bundle.version=x/../../victim: publish's rmtree of bundle.root/.tmp-<name> was S/victim (deleted on the
+    second run). Now the config, _destination and publish each refuse it."""
+    from pipeline.bundle import format as bundle_format
+    from pipeline.core.config import load_config
+
+    root, name = tmp_path / "broot", "smoke-x/../../victim"
+    assert not os.path.abspath(root / f".tmp-{name}").startswith(str(root))      # the harm: a path outside
+    with pytest.raises(ConfigError, match="bundle.version"):
+        load_config(["configs/smoke.yaml"], ["bundle.version=x/../../victim"])
+    (tmp_path / "victim").mkdir()
+    with pytest.raises(ConfigError, match="not a plain name"):
+        bundle_format.publish(tmp_path / "out", name, root, archive=False)
+    assert (tmp_path / "victim").is_dir()
+
+
+def _bundle_out(folder: Path, name: str, text: str) -> Path:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "manifest.json").write_text(text)
+    return folder
+
+
+def test_publish_never_replaces_a_bundle_another_run_published(tmp_path):
+    """Two runs of one bundle name: the existence check was at the start, replace_dir at the end, both exited 0
+    and the second silently replaced the first. Now publishing is under a lock and refuses."""
+    import threading
+
+    from pipeline.bundle import format as bundle_format
+
+    root = tmp_path / "broot"
+    outs = [_bundle_out(tmp_path / f"run{i}", "b-1", f"run {i}") for i in range(4)]
+    errors: list = []
+
+    def run(out):
+        try:
+            bundle_format.publish(out, "b-1", root, archive=False)
+        except ConfigError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(o,)) for o in outs]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(errors) == 3 and all("published by another run" in e.message for e in errors)
+    assert (root / "b-1" / "manifest.json").read_text().startswith("run ")
+    assert sorted(p.name for p in root.iterdir()) == [".publish.lock", "b-1"]
+
+
+@pytest.mark.parametrize("over", [["run.root={bundles}", "run.name=smoke-1"], ["run.root={bundles}/smoke-1/x"],
+                                  ["bundle.root={runs}/smoke/b"]])
+def test_a_run_folder_never_inside_a_bundle(over, tmp_path):
+    """run.root=bundles run.name=<a bundle> wrote .lock, .work and train into the published bundle."""
+    from pipeline.core.config import load_config
+
+    bundles, runs = tmp_path / "bundles", tmp_path / "runs"
+    for m in ("manifest.json", "infer_config.yaml"):
+        (bundles / "smoke-1").mkdir(parents=True, exist_ok=True)
+        (bundles / "smoke-1" / m).write_text("{}")
+    base = [f"run.root={runs}", f"bundle.root={bundles}", f"regression.history={tmp_path / 'h.sqlite'}"]
+    load_config(["configs/smoke.yaml"], base)
+    with pytest.raises(ConfigError, match="bundle"):
+        load_config(["configs/smoke.yaml"], base + [o.format(bundles=bundles, runs=runs) for o in over])
+
+
+def test_a_run_folder_inside_a_bundle_elsewhere(tmp_path):
+    from pipeline.core.config import load_config
+
+    b = tmp_path / "elsewhere" / "smoke-1"
+    b.mkdir(parents=True)
+    for m in ("manifest.json", "infer_config.yaml"):
+        (b / m).write_text("{}")
+    with pytest.raises(ConfigError, match="lies inside the bundle"):
+        load_config(["configs/smoke.yaml"], [f"run.root={b}", f"bundle.root={tmp_path / 'bundles'}"])

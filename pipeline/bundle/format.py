@@ -21,11 +21,12 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.artifacts import ordinary_mode, read_json, replace_dir, sha256_file
+from pipeline.core.artifacts import ordinary_mode, read_json, sha256_file
 from pipeline.bundle.layout import INFER_CONFIG, MANIFEST
-from pipeline.core.errors import IntegrityError, MissingArtifact
+from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
 
 FORMAT_VERSION = 1
+PUBLISH_LOCK = ".publish.lock"      # in bundle.root: publishing takes it (hidden: never a bundle)
 
 
 
@@ -206,14 +207,35 @@ def open_bundle(path: Path, scratch: Path, max_bytes: int = MAX_ARCHIVE_BYTES, m
     raise MissingArtifact(f"bundle not found: {path}", hint="pass a bundle folder or .tar.gz (see bundles/)")
 
 
+def check_name(name: str, what: str = "bundle name") -> str:
+    """A bundle's name becomes a folder under bundle.root: one plain path component, never '..' or a path."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name or "") or len(name) > 200:
+        raise ConfigError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'; not a path, "
+                          "not starting with '.')", hint="set bundle.version (and run.name) to a plain name")
+    return name
+
+
 def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
-    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
+    """Copy the verified bundle to bundle.root atomically (temp copy + rename), under bundle.root's publish
+    lock. Bundles are never overwritten: one of this name published by another run after this one started is
+    refused, not replaced."""
+    import fcntl
+
+    check_name(name)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out_dir / name, tmp)
-    replace_dir(tmp, root / name)
-    if archive:
-        tmp_tar = root / f".tmp-{name}.tar.gz"
-        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
-        tmp_tar.replace(root / f"{name}.tar.gz")
+    with open(root / PUBLISH_LOCK, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # two runs publishing at once: one after the other
+        for final in [root / name] + ([root / f"{name}.tar.gz"] if archive else []):
+            if os.path.lexists(final):
+                raise ConfigError(f"bundle {final} was published by another run while this one ran; bundles "
+                                  "are never overwritten", hint="run again with another bundle.version")
+        tmp = root / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out_dir / name, tmp)
+        os.rename(tmp, root / name)
+        if archive:
+            tmp_tar = root / f".tmp-{name}.tar.gz"
+            shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
+            os.rename(tmp_tar, root / f"{name}.tar.gz")

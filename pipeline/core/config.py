@@ -318,7 +318,7 @@ class LiteCfg(Section):
 
 class BundleCfg(Section):
     root: str
-    version: Optional[str]
+    version: Optional[str] = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$", max_length=100)   # a name, not a path
     archive: bool
     samples: int = PosInt
     sample_atol: float = Field(gt=0)
@@ -479,6 +479,22 @@ def _get(cfg, dotted: str):
     return getattr(getattr(cfg, section), key)
 
 
+BUNDLE_MARKERS = ("manifest.json", "infer_config.yaml")     # what a published bundle folder holds (bundle/layout)
+
+
+def _run_outside_bundles(cfg, run_dir: Path) -> None:
+    """A run writes .lock, .work and its stage folders: never inside bundle.root or a published bundle (verify
+    would then fail it), and bundle.root never inside the run folder (its stages replace it)."""
+    bundle_root = _abs(cfg.bundle.root)
+    if run_dir.is_relative_to(bundle_root) or bundle_root.is_relative_to(run_dir):
+        raise ConfigError(f"run folder {run_dir} (run.root/run.name) and bundle.root {bundle_root} overlap: the run "
+                          "would write into the published bundles", hint="keep run.root and bundle.root apart")
+    for folder in (run_dir, *run_dir.parents):
+        if all((folder / m).is_file() for m in BUNDLE_MARKERS):
+            raise ConfigError(f"run folder {run_dir} lies inside the bundle {folder}",
+                              hint="set run.root to a folder of its own, outside every bundle")
+
+
 def confine_paths(cfg) -> None:
     """Folders a run writes (and replaces stage folders in) hold nothing else: an output root that is the file
     system root, the home folder, the checkout or one of its parents is refused, and so is an input that lies
@@ -491,6 +507,7 @@ def confine_paths(cfg) -> None:
                               "outputs: runs write (and replace stage folders) there",
                               hint=f"set {key} to a folder of its own, such as the default in configs/defaults.yaml")
     run_dir = _abs(str(cfg.run_dir))
+    _run_outside_bundles(cfg, run_dir)
     for key in INPUT_PATHS:
         value = _get(cfg, key)
         if not value:
