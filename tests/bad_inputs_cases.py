@@ -1300,3 +1300,129 @@ SIGNATURE += [
 
 CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE + UNTRUSTED
 ALL = CLI_CASES + HTTP + PROC
+
+
+# ------------------------------------------------------------------------------------ PIR programs (issue 47)
+
+def _pir_at(kind: str, value) -> dict:
+    return {"#": kind, "D": value}
+
+
+def _pir_ints(*v) -> dict:
+    return _pir_at("0.a_array", [_pir_at("0.a_i32", x) for x in v])
+
+
+def _pir_tt(shape, dtype="0.t_f32") -> dict:
+    return {"#": "0.t_dtensor", "D": [{"#": dtype}, list(shape), "NCHW", [], 0]}
+
+
+def pir_doc(relus: int = 1) -> dict:
+    """A genuine PIR program: x[-1,3,8,8] -> conv2d (one [4,3,3,3] parameter) -> relu (x relus) -> fetch."""
+    conv_attrs = [("strides", _pir_ints(1, 1)), ("paddings", _pir_ints(1, 1)),
+                  ("padding_algorithm", _pir_at("0.a_str", "EXPLICIT")), ("dilations", _pir_ints(1, 1)),
+                  ("groups", _pir_at("0.a_i32", 1)), ("data_format", _pir_at("0.a_str", "NCHW"))]
+    ops = [{"#": "p", "A": [0, 1, 1, "conv2d_0.w_0"], "O": {"%": 1, "TT": _pir_tt([4, 3, 3, 3])}},
+           {"#": "1.data", "A": [{"AT": _pir_at("0.a_str", "x"), "N": "name"},
+                                 {"AT": _pir_at("1.a_intarray", [-1, 3, 8, 8]), "N": "shape"},
+                                 {"AT": _pir_at("1.a_dtype", "float32"), "N": "dtype"}],
+            "I": [], "O": [{"%": 2, "TT": _pir_tt([-1, 3, 8, 8])}]},
+           {"#": "1.conv2d", "A": [{"AT": a, "N": n} for n, a in conv_attrs], "I": [{"%": 2}, {"%": 1}],
+            "O": [{"%": 3, "TT": _pir_tt([-1, 4, 8, 8])}]}]
+    for k in range(relus):
+        ops.append({"#": "1.relu", "A": [], "I": [{"%": 3 + k}], "O": [{"%": 4 + k, "TT": _pir_tt([-1, 4, 8, 8])}]})
+    ops.append({"#": "1.fetch", "A": [{"AT": _pir_at("0.a_str", "out"), "N": "name"}, {"AT": _pir_at("0.a_i32", 0), "N": "col"}],
+                "I": [{"%": 3 + relus}], "O": [{"%": 100 + relus, "TT": _pir_tt([-1, 4, 8, 8])}]})
+    return {"base_code": {"magic": "pir", "trainable": True, "version": 1},
+            "program": {"regions": [{"#": "region_0", "blocks": [{"#": "block_0", "args": [], "ops": ops}]}]}}
+
+
+def pdiparams_tensor(shape, dtype_code: int = 5, data: bytes | None = None, desc: bytes | None = None) -> bytes:
+    """One LoDTensor record as save_combine writes it (pipeline/engines/params_file.py has the layout)."""
+    dims = b"".join(_varint(d) for d in shape)
+    desc = desc if desc is not None else b"\x08" + _varint(dtype_code) + b"\x12" + _varint(len(dims)) + dims
+    n = int(np.prod(shape)) * 4
+    return struct.pack("<IQ", 0, 0) + struct.pack("<Ii", 0, len(desc)) + desc + (data if data is not None else b"\0" * n)
+
+
+def _pir_ops(doc: dict) -> list:
+    return doc["program"]["regions"][0]["blocks"][0]["ops"]
+
+
+def _pir_mutate(how: str, doc: dict) -> tuple[dict | str, bytes]:
+    """(inference.json document or raw text, .pdiparams bytes) for a malformed variant of pir_doc()."""
+    ops, params = _pir_ops(doc), pdiparams_tensor([4, 3, 3, 3])
+    conv = ops[2]
+    if how == "op-without-#":
+        del ops[3]["#"]
+    elif how == "no-regions":
+        del doc["program"]["regions"]
+    elif how == "ops-not-a-list":
+        doc["program"]["regions"][0]["blocks"][0]["ops"] = {"0": ops[0]}
+    elif how == "attrs-not-a-list":
+        conv["A"] = "strides"
+    elif how == "attr-without-value":
+        del conv["A"][0]["AT"]
+    elif how == "param-unknown-dtype":
+        ops[0]["O"]["TT"]["D"][0]["#"] = "0.t_quaternion"
+    elif how == "param-name-not-a-string":
+        ops[0]["A"][3] = 7
+    elif how == "conv-missing-input":
+        conv["I"] = [{"%": 2}]
+    elif how == "conv-strides-a-string":
+        conv["A"][0]["AT"] = _pir_at("0.a_str", "two")
+    elif how == "undefined-value":
+        ops[3]["I"] = [{"%": 999}]
+    elif how == "params-garbage":
+        params = b"\xde\xad\xbe\xef" * 40
+    elif how == "params-bad-desc":
+        params = pdiparams_tensor([4, 3, 3, 3], desc=b"\xff\xff\xff")
+    elif how == "params-unknown-dtype":
+        params = pdiparams_tensor([4, 3, 3, 3], dtype_code=22)          # bfloat16: no numpy type to read it as
+    elif how == "params-extra-tensor":
+        params += pdiparams_tensor([4])
+    elif how == "not-json":
+        return "{\"base_code\": [1, 2", params
+    elif how == "deep-json":
+        return "[" * 100_000 + "]" * 100_000, params
+    elif how == "many-ops":                                # 25,000 ops (~3 MB): over model.pir_max_ops
+        doc = pir_doc(relus=25_000)
+    elif how == "many-params":                             # 6,000 parameters: hung in create_parameter at 50,000
+        ops[1:1] = [{"#": "p", "A": [0, 1, 1, f"extra_{k}.w_0"], "O": {"%": 10_000 + k, "TT": _pir_tt([1])}}
+                    for k in range(6_000)]
+    else:
+        raise ValueError(how)
+    return doc, params
+
+
+PIR_MALFORMED = ("op-without-#", "no-regions", "ops-not-a-list", "attrs-not-a-list", "attr-without-value",
+                 "param-unknown-dtype", "param-name-not-a-string", "conv-missing-input", "conv-strides-a-string",
+                 "undefined-value", "params-garbage", "params-bad-desc", "params-unknown-dtype",
+                 "params-extra-tensor", "not-json")
+PIR_TOO_BIG = ("deep-json", "many-ops", "many-params")
+
+
+def pir_model(folder: Path, how: str | None = None) -> Path:
+    """A tiny PIR export (inference.json + .pdiparams): genuine when how is None, else that malformed variant."""
+    doc, params = _pir_mutate(how, pir_doc()) if how else (pir_doc(), pdiparams_tensor([4, 3, 3, 3]))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "inference.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    (folder / "inference.pdiparams").write_bytes(params)
+    return folder
+
+
+def _pir_import(e: Env, how: str) -> list[str]:
+    return ["run", "train", "-c", "configs/ppocr_v5_det.yaml", "-o", f"model.path={pir_model(e.tmp / 'm', how)}",
+            "-o", f"run.root={e.tmp / 'runs'}", "-o", f"bundle.root={e.tmp / 'bundles'}",
+            "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
+
+
+UNTRUSTED += [
+    CliCase(f"pir-{how}", "untrusted model files", f"model.source=pir program: {how.replace('-', ' ')}",
+            lambda e, how=how: _pir_import(e, how), words, hint=True)
+    for how, words in [("op-without-#", ("inference.json", "op #3", "malformed")),
+                       ("conv-missing-input", ("inference.json", "conv2d", "malformed")),
+                       ("params-unknown-dtype", ("inference.pdiparams", "data type 22")),
+                       ("deep-json", ("inference.json", "model.pir_max_depth")),
+                       ("many-ops", ("inference.json", "over the limit of 20000", "model.pir_max_ops")),
+                       ("many-params", ("inference.json", "model.pir_max_params"))]
+]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bad_inputs_cases as corpus  # noqa: E402
 
 from pipeline.core import runlock, safe_pickle, safe_yaml  # noqa: E402
-from pipeline.core.errors import ConfigError, IntegrityError, RunLocked  # noqa: E402
+from pipeline.core.errors import ConfigError, DataError, IntegrityError, RunLocked  # noqa: E402
 from pipeline.engines import params_file  # noqa: E402
 from pipeline.models import imported  # noqa: E402
 
@@ -397,3 +397,49 @@ def test_a_run_folder_inside_a_bundle_elsewhere(tmp_path):
         (b / m).write_text("{}")
     with pytest.raises(ConfigError, match="lies inside the bundle"):
         load_config(["configs/smoke.yaml"], [f"run.root={b}", f"bundle.root={tmp_path / 'bundles'}"])
+
+
+# ------------------------------------------------------------------------------------ PIR import (issue 47)
+
+def test_the_tiny_pir_program_is_genuine(tmp_path):
+    """The control: the generator's program translates and runs (so each variant below differs by its defect)."""
+    from pipeline.models import pir
+
+    rec = pir.translate(corpus.pir_model(tmp_path / "m"), tmp_path / "out" / "inference")
+    assert rec["parameters"] == 1 and rec["pir_ops"]["conv2d"] == 1
+    out = imported.load_program(tmp_path / "out" / "inference")(paddle.ones([1, 3, 8, 8]))
+    assert list(out.shape) == [1, 4, 8, 8]
+
+
+@pytest.mark.parametrize("how", corpus.PIR_MALFORMED + corpus.PIR_TOO_BIG)
+def test_malformed_pir_programs_are_one_line(how, tmp_path):
+    """Issue 47 causes 1-2: KeyError '#', protobuf DecodeError, unknown dtypes, a handler's IndexError were
+    tracebacks; 50,000 parameters hung (quadratic create_parameter), 200,000 ops passed 3 GB."""
+    import time
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.models import pir
+
+    folder = corpus.pir_model(tmp_path / "m", how)
+    start = time.perf_counter()
+    with pytest.raises(PipelineError) as e:
+        pir.translate(folder, tmp_path / "out" / "inference")
+    line = e.value.one_line()
+    assert time.perf_counter() - start < 10 and "\n" not in line and "inference." in line, line
+    if how in corpus.PIR_TOO_BIG:
+        assert "model.pir_max_" in line
+
+
+def test_pir_limits_come_from_the_config(tmp_path):
+    from pipeline.core.config import load_config
+    from pipeline.models import pir
+
+    cfg = load_config(["configs/ppocr_v5_det.yaml"], ["model.pir_max_json_bytes=1000", "model.pir_max_ops=3"])
+    limits = pir.Limits.of(cfg.model)
+    assert (limits.max_json_bytes, limits.max_ops, limits.max_file_bytes) == (1000, 3, cfg.model.max_file_bytes)
+    assert pir.Limits.of({}) == pir.Limits()
+    with pytest.raises(DataError, match="over the limit of 1000"):
+        pir.translate(corpus.pir_model(tmp_path / "m"), tmp_path / "out" / "inference", limits)
+    with pytest.raises(DataError, match="5 ops, over the limit of 3"):
+        pir.translate(corpus.pir_model(tmp_path / "m"), tmp_path / "out" / "inference",
+                      pir.Limits(max_ops=3))

@@ -113,6 +113,10 @@ class ModelCfg(Section):
     pretrained: Optional[str]
     allow_partial: bool
     max_file_bytes: int = PosInt
+    pir_max_json_bytes: int = PosInt
+    pir_max_depth: int = Field(gt=0, le=10_000)
+    pir_max_ops: int = PosInt
+    pir_max_params: int = PosInt
 
     @model_validator(mode="after")
     def _inference_needs_a_path(self):
