@@ -1426,3 +1426,59 @@ UNTRUSTED += [
                        ("many-ops", ("inference.json", "over the limit of 20000", "model.pir_max_ops")),
                        ("many-params", ("inference.json", "model.pir_max_params"))]
 ]
+
+
+# ------------------------------------------------------------------------------------ inference.yml values (issue 47)
+
+_DET_YML = """PreProcess:
+  transform_ops:
+  - DetResizeForTest:
+      resize_long: {side}
+  - NormalizeImage:
+      {mean}std: [0.229, 0.224, 0.225]
+PostProcess:
+  name: DBPostProcess
+  thresh: {thresh}
+  box_thresh: {box_thresh}
+  max_candidates: 1000
+  unclip_ratio: {unclip}
+"""
+_REC_YML = "PreProcess:\n  transform_ops:\n  - RecResizeImg:\n      image_shape: {shape}\n"
+
+# case -> (yml text, words of the answer); each was a traceback (hints, db_post) or got into the config silently
+YML_CASES = {
+    "pre-a-list": ("PreProcess: [1, 2]\n", ("PreProcess", "inference.yml")),
+    "shape-2-values": (_REC_YML.format(shape="[48, 320]"), ("image_shape", "[channels, height, width]")),
+    "side-inf": (None, ("inference.yml", "OverflowError")),
+    "no-mean": (None, ("inference.yml", "KeyError")),
+    "thresh-high": (None, ("detection.thresh='high'",)),
+    "unclip-1e300": (None, ("detection.unclip_ratio=1e+300",)),
+    "box-thresh-negative": (None, ("detection.box_thresh=-3",)),
+    "channels-7": (_REC_YML.format(shape="[7, 48, 320]"), ("data.channels=7",)),
+}
+
+
+def inference_yml(case: str) -> str:
+    text = YML_CASES[case][0]
+    if text is not None:
+        return text
+    det = {"side": 960, "mean": "mean: [0.485, 0.456, 0.406]\n      ", "thresh": 0.3, "box_thresh": 0.6,
+           "unclip": 1.5}
+    det.update({"side-inf": {"side": ".inf"}, "no-mean": {"mean": ""}, "thresh-high": {"thresh": "high"},
+                "unclip-1e300": {"unclip": "1.0e+300"}, "box-thresh-negative": {"box_thresh": -3}}[case])
+    return _DET_YML.format(**det)
+
+
+def _pir_with_yml(e: Env, case: str) -> list[str]:
+    folder = pir_model(e.tmp / "m")
+    (folder / "inference.yml").write_text(inference_yml(case))
+    conf = "configs/ppocr_v5_rec.yaml" if "shape" in case or "channels" in case else "configs/ppocr_v5_det.yaml"
+    return ["run", "train", "-c", conf, "-o", f"model.path={folder}", "-o", f"run.root={e.tmp / 'runs'}",
+            "-o", f"bundle.root={e.tmp / 'bundles'}", "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
+
+
+UNTRUSTED += [
+    CliCase(f"inference-yml-{case}", "untrusted model files", f"model.source=pir inference.yml: {case.replace('-', ' ')}",
+            lambda e, case=case: _pir_with_yml(e, case), words)
+    for case, (_, words) in YML_CASES.items()
+]

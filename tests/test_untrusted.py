@@ -443,3 +443,36 @@ def test_pir_limits_come_from_the_config(tmp_path):
     with pytest.raises(DataError, match="5 ops, over the limit of 3"):
         pir.translate(corpus.pir_model(tmp_path / "m"), tmp_path / "out" / "inference",
                       pir.Limits(max_ops=3))
+
+
+# ------------------------------------------------------------------------------------ inference.yml values (issue 47)
+
+@pytest.mark.parametrize("case", list(corpus.YML_CASES))
+def test_inference_yml_values_go_through_the_config_schema(case, tmp_path):
+    """Issue 47 cause 3: hints() crashed on a list, a 2-value image_shape, .inf, a missing mean; fill() wrote
+    `thresh: high` and `unclip_ratio: 1e300` (crashes in db_post), `box_thresh: -3` and `channels: 7` (silently)
+    into the config after validation. Now each is one ConfigError naming the file or the key."""
+    from pipeline.core.config import load_config
+    from pipeline.models import pir_yml
+
+    folder = corpus.pir_model(tmp_path / "m")
+    (folder / "inference.yml").write_text(corpus.inference_yml(case))
+    conf = "configs/ppocr_v5_rec.yaml" if "shape" in case or "channels" in case else "configs/ppocr_v5_det.yaml"
+    cfg = load_config([conf])
+    sections = {"data": cfg.section("data")["data"], "detection": cfg.section("detection")["detection"]}
+    with pytest.raises(ConfigError) as e:
+        pir_yml.fill(folder, sections, frozenset())
+    line = e.value.one_line()
+    assert "\n" not in line and all(w in line for w in corpus.YML_CASES[case][1]), line
+
+
+def test_a_genuine_inference_yml_still_fills(tmp_path):
+    from pipeline.core.config import load_config
+    from pipeline.models import pir_yml
+
+    folder = corpus.pir_model(tmp_path / "m")
+    (folder / "inference.yml").write_text(corpus.inference_yml("thresh-high").replace("thresh: high", "thresh: 0.2"))
+    cfg = load_config(["configs/ppocr_v5_det.yaml"])
+    sections = {"data": cfg.section("data")["data"], "detection": cfg.section("detection")["detection"]}
+    filled = pir_yml.fill(folder, sections, frozenset())
+    assert filled["detection.thresh"] == 0.2 and sections["detection"]["limit_side_len"] == 960

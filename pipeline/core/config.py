@@ -369,7 +369,7 @@ class DetectionCfg(Section):
     use_dilation: bool
     thresh: float = Field(gt=0, lt=1)
     box_thresh: float = Field(gt=0, lt=1)
-    unclip_ratio: float = Field(gt=0)
+    unclip_ratio: float = Field(gt=0, le=100)       # PaddleOCR uses 1.5-2; 1e300 overflowed db_post
     max_candidates: int = PosInt
     min_size: float = NonNegFloat
     iou: float = Field(gt=0, le=1)
