@@ -1482,3 +1482,72 @@ UNTRUSTED += [
             lambda e, case=case: _pir_with_yml(e, case), words)
     for case, (_, words) in YML_CASES.items()
 ]
+
+
+# ------------------------------------------------------------------------------------ ONNX external data (issue 47)
+
+def _external_tensor(name: str, location: str, n: int = 4):
+    """A float32 [n] tensor whose bytes ONNX Runtime reads from `location` (relative to the model's folder)."""
+    import onnx
+
+    t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=[n])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", str(4 * n))):
+        t.external_data.add(key=k, value=v)
+    return t
+
+
+def onnx_reading(folder: Path, location: str, where: str = "constant") -> Path:
+    """folder/model.onnx: y = x + c, c a [4] float tensor kept in `location`: a Constant node's value, an
+    initializer, or a Constant inside an If subgraph. Harmless only if `location` is the model's own file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    inits, nodes = [], []
+    if where == "initializer":
+        inits.append(_external_tensor("c", location))
+    elif where == "constant":
+        nodes.append(helper.make_node("Constant", [], ["c"], value=_external_tensor("cv", location)))
+    else:                                       # inside an If's branch: only a walk into subgraphs finds it
+        branch = helper.make_graph([helper.make_node("Constant", [], ["cb"], value=_external_tensor("cv", location))],
+                                   "then", [], [helper.make_tensor_value_info("cb", TensorProto.FLOAT, [4])])
+        nodes += [helper.make_node("Constant", [], ["cond"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+                  helper.make_node("If", ["cond"], ["c"], then_branch=branch, else_branch=branch)]
+    nodes.append(helper.make_node("Add", ["x", "c"], ["y"]))
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+def _bundle_onnx_reading_outside(e: Env) -> Path:
+    """The smoke bundle with an unused Constant added to server/onnx/model.onnx whose bytes come from a file
+    outside the bundle through a symlink inside it; manifest rehashed (an unsigned bundle: what an attacker does)."""
+    import onnx
+
+    b = copy_bundle(e)
+    secret = e.write("secret.bin", b"\x00\x00\x80?" * 4)
+    os.symlink(secret, b / "server" / "onnx" / "weights.bin")
+    m = onnx.load(str(b / "server" / "onnx" / "model.onnx"))
+    from onnx import helper
+    m.graph.node.append(helper.make_node("Constant", [], ["evil_c"], value=_external_tensor("cv", "weights.bin")))
+    onnx.save(m, str(b / "server" / "onnx" / "model.onnx"))
+    rehash(b, "server/onnx/model.onnx")
+    return b
+
+
+VERIFY += [
+    CliCase("verify-onnx-external-outside", "verify: content",
+            "bundle ONNX with a Constant read through a symlink to a file outside the bundle, manifest rehashed",
+            lambda e: ["verify", str(_bundle_onnx_reading_outside(e))], ("model.onnx", "outside the model's folder")),
+]
+UNTRUSTED += [
+    CliCase("onnx-import-external-constant", "untrusted model files",
+            "model.source=onnx whose Constant node reads `Makefile` as external data (passed onnx.checker)",
+            lambda e: ["run", "train", *e.smoke("model.source=onnx", f"model.path={onnx_reading(e.tmp / 'm', 'Makefile')}",
+                                                root=e.tmp / "runs")], ("model.onnx", "external files", "Constant")),
+]

@@ -476,3 +476,53 @@ def test_a_genuine_inference_yml_still_fills(tmp_path):
     sections = {"data": cfg.section("data")["data"], "detection": cfg.section("detection")["detection"]}
     filled = pir_yml.fill(folder, sections, frozenset())
     assert filled["detection.thresh"] == 0.2 and sections["detection"]["limit_side_len"] == 960
+
+
+# ------------------------------------------------------------------------------------ ONNX external data (issue 47)
+
+@pytest.mark.parametrize("where", ["constant", "initializer", "subgraph"])
+def test_onnx_external_data_outside_the_folder_is_read_then_refused(where, tmp_path):
+    """The harm, shown with ONNX Runtime itself: a tensor's external location through a symlink (or ../) makes
+    it read a file outside the model's folder as weights. Then every engine path refuses before opening it."""
+    import onnxruntime as ort
+
+    from pipeline.engines import onnx_files
+    from pipeline.engines.ort import OrtEngine
+    from pipeline.models import onnx_import
+
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.arange(1, 5, dtype=np.float32).tobytes())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    os.symlink(secret, folder / "w.bin")
+    for location in ("w.bin", "../secret.bin"):
+        path = corpus.onnx_reading(folder, location, where)
+        try:
+            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception:               # ORT refuses '../' itself inside a subgraph (never a symlink)
+            assert where == "subgraph" and location.startswith("..")
+        else:
+            y = sess.run(None, {"x": np.zeros(4, np.float32)})[0]
+            assert np.array_equal(y, [1, 2, 3, 4])              # the outside file's bytes, as "weights"
+        onnx_files._check.cache_clear()
+        with pytest.raises(IntegrityError, match="outside the model's folder"):
+            OrtEngine(path)
+        with pytest.raises(IntegrityError, match="outside the model's folder"):
+            onnx_import.reference_session(path)
+        with pytest.raises(ConfigError, match="external files"):
+            onnx_import.signature(path)                        # an import takes no external data at all
+
+
+def test_onnx_external_data_inside_the_folder_still_loads(tmp_path):
+    """The control: external data that is the model's own file beside it is what ONNX allows; it still loads."""
+    import onnxruntime as ort
+
+    from pipeline.engines import onnx_files
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(np.arange(1, 5, dtype=np.float32).tobytes())
+    path = corpus.onnx_reading(folder, "w.bin", "initializer")
+    onnx_files.confine(path)                                     # no exception
+    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.ones(4, np.float32)})[0]
+    assert np.array_equal(y, [2, 3, 4, 5])
