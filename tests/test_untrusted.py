@@ -526,3 +526,77 @@ def test_onnx_external_data_inside_the_folder_still_loads(tmp_path):
     onnx_files.confine(path)                                     # no exception
     y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.ones(4, np.float32)})[0]
     assert np.array_equal(y, [2, 3, 4, 5])
+
+
+# ------------------------------------------------------------------------------------ bundle metadata (issue 47)
+
+def _meta_bundle(folder: Path, infer_config: str | None = None, manifest: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "infer_config.yaml").write_text(infer_config or (
+        "task: classification\ninput: {name: x, shape: [null, 1, 32, 32]}\n"
+        "preprocess: {height: 32, width: 32, channels: 1, mean: 0.5, std: 0.5}\n"
+        "postprocess: {type: softmax_argmax, labels: [a, b]}\n"))
+    (folder / "manifest.json").write_text(manifest or '{"files": {}}')
+    return folder
+
+
+def _label_bomb() -> str:
+    """Labels that are nine aliases of nine aliases ... of one 1 KB string: 59049 labels, 60 MB when expanded (the
+    issue's made each 1 KB /predict answer 183 MB); under the node limit, so only the labels' bounds stop it."""
+    text = "task: classification\ninput: {name: x, shape: [null, 1, 32, 32]}\npreprocess: {height: 32, width: 32}\n"
+    text += f"l0: &l0 {'x' * 1024}\n"
+    for k in range(1, 6):
+        text += f"l{k}: &l{k} [{', '.join(['*l' + str(k - 1)] * 9)}]\n"
+    return text + "postprocess:\n  labels: *l5\n"
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("deep-infer", "nesting deeper"),
+    ("deep-manifest", "nested too deeply"),
+    ("label-bomb", "postprocess.labels"),
+    ("huge-side", "preprocess.height=60000"),
+    ("huge-shape", "input.shape"),
+    ("big-manifest", "over the limit"),
+])
+def test_bundle_metadata_read_with_limits(kind, words, tmp_path):
+    """Issue 47 cause 12: plain yaml.safe_load / json.loads: RecursionError tracebacks, an alias bomb in labels,
+    a 60000x60000 pre-processing size (verify past 3 GB)."""
+    from pipeline.bundle import format as bundle_format
+
+    if kind == "deep-infer":
+        folder = _meta_bundle(tmp_path / "b", infer_config="x: " + "[" * 5000 + "]" * 5000)
+    elif kind == "deep-manifest":
+        folder = _meta_bundle(tmp_path / "b", manifest="[" * 100_000 + "]" * 100_000)
+    elif kind == "label-bomb":
+        import yaml
+
+        doc = yaml.safe_load(_label_bomb())                # the harm: what the plain reader gives
+        labels = doc["postprocess"]["labels"]
+        for _ in range(4):
+            labels = [x for sub in labels for x in sub]
+        assert len(labels) == 9 ** 5 and sum(len(x) for x in labels) > 60_000_000
+        folder = _meta_bundle(tmp_path / "b", infer_config=_label_bomb())
+    elif kind == "huge-side":
+        folder = _meta_bundle(tmp_path / "b", infer_config=(
+            "task: classification\ninput: {name: x, shape: [null, 1, 32, 32]}\n"
+            "preprocess: {height: 60000, width: 60000}\npostprocess: {labels: [a]}\n"))
+    elif kind == "huge-shape":
+        folder = _meta_bundle(tmp_path / "b", infer_config=(
+            "task: classification\ninput: {name: x, shape: [null, 3, 60000, 60000]}\n"
+            "preprocess: {height: 32, width: 32}\npostprocess: {labels: [a]}\n"))
+    else:
+        folder = _meta_bundle(tmp_path / "b", manifest='{"files": {}, "pad": "' + "x" * (17 << 20) + '"}')
+    with pytest.raises(IntegrityError) as e:
+        if "manifest" in kind:
+            bundle_format.verify_hashes(folder)
+        else:
+            bundle_format.load_infer_config(folder)
+    assert words in e.value.message and "\n" not in e.value.one_line(), e.value.one_line()
+
+
+def test_genuine_bundle_metadata_still_reads(tmp_path):
+    from pipeline.bundle import format as bundle_format
+
+    folder = _meta_bundle(tmp_path / "b")
+    assert bundle_format.load_infer_config(folder)["postprocess"]["labels"] == ["a", "b"]
+    assert bundle_format.read_manifest(folder)["files"] == {}

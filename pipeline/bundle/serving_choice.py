@@ -64,12 +64,13 @@ PASSED = ("chosen", "slower")      # verdicts of rows that passed every check an
 def built_flags(folder: Path) -> frozenset | None:
     """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
     pipeline/core/capabilities.describe); None for bundles without that record."""
-    import json
+    from pipeline.bundle.format import read_manifest
+    from pipeline.core.errors import IntegrityError
 
     try:
-        caps = json.loads((Path(folder) / bundle_layout.MANIFEST).read_text())["hardware"]["capabilities"]
+        caps = read_manifest(folder)["hardware"]["capabilities"]
         return frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (IntegrityError, KeyError, TypeError, AttributeError):
         return None
 
 
