@@ -165,8 +165,9 @@ def _out_of_bounds(cfg: dict) -> str | None:
         if len(vals) > 4 or not all(type(v) in (int, float) and math.isfinite(v) for v in vals):
             return f"preprocess.{k} is not one to four finite numbers"
     shape = inp.get("shape") if isinstance(inp, dict) else None
-    if shape is not None and (not isinstance(shape, list) or len(shape) > 8 or not all(side(d) for d in shape)):
-        return f"input.shape {str(shape)[:60]} is not a list of sizes within 1..{MAX_SIDE}"
+    if shape is not None and (not isinstance(shape, list) or len(shape) > 8
+                              or not all(d == -1 or side(d) for d in shape)):
+        return f"input.shape {str(shape)[:60]} is not a list of sizes within 1..{MAX_SIDE} (or -1/null: any)"
     for k in ("labels", "charset"):
         v = post.get(k) if post else None
         if v is None:
