@@ -600,3 +600,34 @@ def test_genuine_bundle_metadata_still_reads(tmp_path):
     folder = _meta_bundle(tmp_path / "b")
     assert bundle_format.load_infer_config(folder)["postprocess"]["labels"] == ["a", "b"]
     assert bundle_format.read_manifest(folder)["files"] == {}
+
+
+# ------------------------------------------------------------------------------------ the console (issue 47)
+
+_C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": ""}
+
+
+def test_console_symbols_under_an_ascii_locale():
+    """`verify` printed '×' and died with UnicodeEncodeError under LANG=C: our lines fall back to ASCII."""
+    code = ("import sys, logging; sys.path.insert(0, %r); from pipeline.core import console; "
+            "from pipeline.core.console import rich_console; from rich.table import Table; "
+            "console.setup_logging(); logging.getLogger('pipeline').warning('a \\u00d7 b \\u2192 c \\u2265 d'); "
+            "print('2 \\u00d7 3 \\u4e2d'); t = Table('stage', 'verdict'); t.add_row('train', '1 \\u00d7 2'); "
+            "rich_console(file=sys.stdout).print(t)" % str(ROOT))
+    env = {k: v for k, v in {**os.environ, **_C_LOCALE}.items() if v}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, env=env, timeout=60)
+    out, err = res.stdout.decode("ascii"), res.stderr.decode("ascii")       # nothing but ASCII reached the streams
+    assert res.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert "a x b -> c >= d" in err and "2 x 3 \\u4e2d" in out and "1 x 2" in out
+
+
+def test_cli_error_line_under_an_ascii_locale(tmp_path):
+    """A real `python -m pipeline` under the C locale whose one-line answer holds non-ASCII (a path taken from
+    undecodable argv bytes): one line, no traceback."""
+    env = {k: v for k, v in {**os.environ, **_C_LOCALE, "PYTHONPATH": str(ROOT)}.items() if v}
+    bad = str(tmp_path / "caf\u00e9 \u00d7.yaml")
+    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "train", "-c", bad.encode("utf-8")],
+                         cwd=ROOT, capture_output=True, env=env, timeout=120)
+    err = res.stderr.decode("ascii")
+    assert res.returncode != 0 and "Traceback" not in err and "UnicodeEncodeError" not in err, err[-2000:]
+    assert [line for line in err.splitlines() if "caf" in line and "not found" in line], err[-2000:]
