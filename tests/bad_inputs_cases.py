@@ -1298,8 +1298,6 @@ SIGNATURE += [
 ]
 
 
-CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE + UNTRUSTED
-ALL = CLI_CASES + HTTP + PROC
 
 
 # ------------------------------------------------------------------------------------ PIR programs (issue 47)
@@ -1551,3 +1549,7 @@ UNTRUSTED += [
             lambda e: ["run", "train", *e.smoke("model.source=onnx", f"model.path={onnx_reading(e.tmp / 'm', 'Makefile')}",
                                                 root=e.tmp / "runs")], ("model.onnx", "external files", "Constant")),
 ]
+
+
+CLI_CASES = CONFIG + STAGES + MODEL + DATA + VERIFY + SIGNATURE + SERVE + REGRESSION + STORAGE + UNTRUSTED
+ALL = CLI_CASES + HTTP + PROC
