@@ -48,8 +48,11 @@ codecs.register_error(ASCII_ERRORS, _ascii_fallback)
 def locale_proof(*streams) -> None:
     """Printing never raises UnicodeEncodeError, whatever the locale: symbols fall back to ASCII."""
     for s in streams or (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
-            if codecs.lookup(s.encoding).name != "utf-8":
+        encoding = getattr(s, "encoding", None)
+        if not isinstance(encoding, str):           # a StringIO (tests, redirect_stdout): no encoding, no error
+            continue
+        with contextlib.suppress(AttributeError, ValueError, LookupError, io.UnsupportedOperation):
+            if codecs.lookup(encoding).name != "utf-8":
                 s.reconfigure(errors=ASCII_ERRORS)
 
 

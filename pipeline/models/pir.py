@@ -32,14 +32,15 @@ class Limits:
     max_depth: int = 40
     max_ops: int = 20_000
     max_params: int = 5_000
-    max_file_bytes: int | None = None         # the .pdiparams (model.max_file_bytes)
+    max_file_bytes: int = 2 << 30             # the .pdiparams (model.max_file_bytes)
 
     @classmethod
     def of(cls, model_cfg) -> "Limits":
         """From the model section (a dict or the config object); keys it lacks keep their defaults."""
         get = model_cfg.get if isinstance(model_cfg, dict) else lambda k, d=None: getattr(model_cfg, k, d)
         found = {f.name: get("pir_" + f.name) for f in fields(cls) if f.name != "max_file_bytes"}
-        return cls(**{k: v for k, v in found.items() if v is not None}, max_file_bytes=get("max_file_bytes"))
+        found["max_file_bytes"] = get("max_file_bytes")
+        return cls(**{k: v for k, v in found.items() if v is not None})
 
 
 def _refuse(json_path: Path, what: str, limit: str) -> DataError:
