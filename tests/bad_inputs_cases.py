@@ -1468,11 +1468,13 @@ def inference_yml(case: str) -> str:
 
 
 def _pir_with_yml(e: Env, case: str) -> list[str]:
+    """The smallest config an import needs (task, model.source, model.path): every other key comes from the yml."""
     folder = pir_model(e.tmp / "m")
     (folder / "inference.yml").write_text(inference_yml(case))
-    conf = "configs/ppocr_v5_rec.yaml" if "shape" in case or "channels" in case else "configs/ppocr_v5_det.yaml"
-    return ["run", "train", "-c", conf, "-o", f"model.path={folder}", "-o", f"run.root={e.tmp / 'runs'}",
-            "-o", f"bundle.root={e.tmp / 'bundles'}", "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
+    task = "recognition" if "shape" in case or "channels" in case else "detection"
+    conf = e.write("import.yaml", f"task: {task}\nmodel:\n  source: pir\n  path: {folder}\ntrain:\n  nproc: 1\n")
+    return ["run", "train", "-c", str(conf), "-o", f"run.root={e.tmp / 'runs'}", "-o", f"bundle.root={e.tmp / 'bundles'}",
+            "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
 
 
 UNTRUSTED += [
@@ -1524,15 +1526,16 @@ def onnx_reading(folder: Path, location: str, where: str = "constant") -> Path:
 
 def _bundle_onnx_reading_outside(e: Env) -> Path:
     """The smoke bundle with an unused Constant added to server/onnx/model.onnx whose bytes come from a file
-    outside the bundle through a symlink inside it; manifest rehashed (an unsigned bundle: what an attacker does)."""
+    outside the bundle (../../../secret.bin); manifest rehashed (an unsigned bundle: what an attacker does). A
+    symlink inside the bundle is refused by the hash check already."""
     import onnx
 
     b = copy_bundle(e)
-    secret = e.write("secret.bin", b"\x00\x00\x80?" * 4)
-    os.symlink(secret, b / "server" / "onnx" / "weights.bin")
+    e.write("secret.bin", b"\x00\x00\x80?" * 4)             # beside the bundle: <tmp>/secret.bin
     m = onnx.load(str(b / "server" / "onnx" / "model.onnx"))
     from onnx import helper
-    m.graph.node.append(helper.make_node("Constant", [], ["evil_c"], value=_external_tensor("cv", "weights.bin")))
+    m.graph.node.append(helper.make_node("Constant", [], ["evil_c"],
+                                         value=_external_tensor("cv", "../../../secret.bin")))
     onnx.save(m, str(b / "server" / "onnx" / "model.onnx"))
     rehash(b, "server/onnx/model.onnx")
     return b
