@@ -35,7 +35,7 @@ def _max_threads() -> int:
     return THREADS_PER_CORE * (os.cpu_count() or 1)
 
 
-def _bounded(name: str, value) -> None:
+def bounded_number(name: str, value) -> None:
     """Raises ValueError naming `name` if a number in `value` (a list included) is out of every key's bounds."""
     for v in (value if isinstance(value, (list, tuple)) else [value]):
         if isinstance(v, bool):
@@ -59,7 +59,7 @@ class Section(BaseModel):
             items = value.items() if isinstance(value, dict) else [(None, value)]
             for key, v in items:
                 if not isinstance(v, BaseModel):
-                    _bounded(name if key is None else f"{name}.{key}", v)
+                    bounded_number(name if key is None else f"{name}.{key}", v)
         return self
 
 

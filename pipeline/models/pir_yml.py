@@ -110,24 +110,25 @@ def _pairs(ops: dict, post: dict, where: list):
         yield "data.use_space_char", True          # PaddleOCR's rec default: dictionary + space + blank classes
 
 
-def validate(folder: Path, sections: dict, filled: dict) -> None:
-    """The sections ({'data': ..., 'detection': ...}) with the yml's values in them, through the config schema
-    (types, ranges, shapes): a value the yml gave that the schema refuses is one ConfigError naming both."""
-    from pydantic import ValidationError
+def validate(folder: Path, filled: dict) -> None:
+    """Each value the yml filled in ({dotted key: value}), through its config key's schema (type, range, shape)
+    and the bounds every number key has: a value the schema refuses is one ConfigError naming the key."""
+    from typing import Annotated
 
-    from pipeline.core.config import DataCfg, DetectionCfg
+    from pydantic import TypeAdapter, ValidationError
 
-    for name, schema in (("data", DataCfg), ("detection", DetectionCfg)):
-        if name not in sections:
-            continue
+    from pipeline.core.config import Config, bounded_number
+
+    for key, value in filled.items():
+        sec, name = key.split(".", 1)
+        field = Config.model_fields[sec].annotation.model_fields.get(name)
         try:
-            schema.model_validate(sections[name])
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            key = f"{name}.{err['loc'][0]}" if err["loc"] else name
-            origin = f"{Path(folder) / 'inference.yml'} gives {key}={filled[key]!r}" if key in filled else \
-                f"config key {key}"
-            raise ConfigError(f"{origin}: {err['msg'][:160]}",
+            if field is not None:
+                TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+            bounded_number(name, value)
+        except (ValidationError, ValueError) as exc:
+            msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            raise ConfigError(f"{Path(folder) / 'inference.yml'} gives {key}={value!r}: {msg[:160]}",
                               hint=f"set {key} in the config (it then wins over inference.yml)") from None
 
 
@@ -171,7 +172,7 @@ def fill(folder: Path, sections: dict, user_keys) -> dict:
         for name in ("height", "width"):
             if f"data.{name}" not in user_keys:
                 sections.setdefault("data", {})[name] = filled[f"data.{name}"] = page
-    validate(folder, sections, filled)
+    validate(folder, filled)
     return filled
 
 
