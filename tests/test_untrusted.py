@@ -488,6 +488,7 @@ def test_onnx_external_data_outside_the_folder_is_read_then_refused(where, tmp_p
 
     from pipeline.engines import onnx_files
     from pipeline.engines.ort import OrtEngine
+    from pipeline.engines.ov import OpenVinoEngine
     from pipeline.models import onnx_import
 
     secret = tmp_path / "secret.bin"
@@ -507,6 +508,8 @@ def test_onnx_external_data_outside_the_folder_is_read_then_refused(where, tmp_p
         onnx_files._check.cache_clear()
         with pytest.raises(IntegrityError, match="outside the model's folder"):
             OrtEngine(path)
+        with pytest.raises(IntegrityError, match="outside the model's folder"):
+            OpenVinoEngine(path)
         with pytest.raises(IntegrityError, match="outside the model's folder"):
             onnx_import.reference_session(path)
         with pytest.raises(ConfigError, match="external files"):
