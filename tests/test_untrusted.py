@@ -285,7 +285,7 @@ def _checkpoint(folder: Path, scheduler_state=None):
     ("{not json", "damaged"),
     ("[1, 2]", "not a JSON object"),
     ('{"key": "k", "files": {"model": {"file": "../../../etc/hostname", "sha256": "0"}}}', "files.model"),
-    ('{"key": "k", "files": {}, "aliases": {}}', "missing"),
+    ('{"key": "k", "files": {}, "aliases": {"best": "model"}}', "aliases.best"),
     ("EPOCH", "'epoch'"),
     ('{"key": "k", "files": "x"}', "'files'"),
     ("[" * 100_000 + "]" * 100_000, "damaged"),

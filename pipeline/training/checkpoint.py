@@ -130,7 +130,6 @@ def current(folder: Path) -> Path | None:
 
 
 MAX_META_BYTES = 16 << 20      # meta.json holds the epochs' history: a few KB per epoch
-RESUME_PARTS = ("model", "optimizer", "scheduler", "best")
 _PART_FILE = re.compile(r"[A-Za-z0-9_]+\.pdparams")
 
 
@@ -169,15 +168,13 @@ def _check_meta(meta) -> None:
     for part, target in aliases.items():
         if target not in files:
             raise ValueError(f"aliases.{str(part)[:40]} names no saved part")
-    missing = [p for p in RESUME_PARTS if p not in files and p not in aliases]
-    if missing:
-        raise ValueError(f"parts {missing} are missing")
     for k in ("epoch", "best_epoch"):
-        if type(meta.get(k)) is not int or not 0 <= meta[k] < 1 << 31:
+        if k in meta and (type(meta[k]) is not int or not 0 <= meta[k] < 1 << 31):
             raise ValueError(f"'{k}' is not an epoch number")
-    best = meta.get("best")
-    if not isinstance(meta.get("history"), list) or type(best) not in (int, float) or not math.isfinite(best):
-        raise ValueError("'history' is not a list or 'best' not a finite number")
+    if "history" in meta and not isinstance(meta["history"], list):
+        raise ValueError("'history' is not a list")
+    if "best" in meta and (type(meta["best"]) not in (int, float) or not math.isfinite(meta["best"])):
+        raise ValueError("'best' is not a finite number")
 
 
 def _tensors(obj, paddle):

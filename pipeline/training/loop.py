@@ -251,12 +251,12 @@ def _resume_state(lp: _Loop) -> tuple[_Progress, bool]:
         lp.sched.set_state_dict(states["scheduler"])
         if lp.scaler is not None and "scaler" in states:
             lp.scaler.load_state_dict(states["scaler"])
+        prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, RuntimeError) as exc:
         # half-applied: the model is neither the checkpoint nor a fresh start, so stop (never train on it)
         raise IntegrityError(f"train: checkpoint {checkpoint.current(ckpt_dir)} does not fit this model "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})",
                              hint="delete that checkpoint folder, or run with --force to train from scratch") from None
-    prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
     log.info("[train] resuming after epoch %d/%d from %s", prog.start_epoch, tr.epochs, checkpoint.current(ckpt_dir))
     return prog, True
 
