@@ -127,8 +127,11 @@ def read_program(json_path: Path, limits: Limits = Limits()) -> tuple[dict[int, 
             raise TypeError("ops is not a list")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise _refuse(json_path, f"not a Paddle 3 PIR program ({type(exc).__name__}: {str(exc)[:120]})", "") from None
-    if len(raw) > limits.max_ops:
-        raise _refuse(json_path, f"{len(raw)} ops, over the limit of {limits.max_ops}", "model.pir_max_ops")
+    n_params = sum(1 for o in raw if isinstance(o, dict) and o.get("#") == "p")      # counted before any is read
+    if n_params > limits.max_params:
+        raise _refuse(json_path, f"{n_params} parameters, over the limit of {limits.max_params}", "model.pir_max_params")
+    if len(raw) - n_params > limits.max_ops:
+        raise _refuse(json_path, f"{len(raw) - n_params} ops, over the limit of {limits.max_ops}", "model.pir_max_ops")
     params, ops = {}, []
     for k, o in enumerate(raw):
         try:
@@ -137,8 +140,6 @@ def read_program(json_path: Path, limits: Limits = Limits()) -> tuple[dict[int, 
             kind = o.get("#") if isinstance(o, dict) else None
             raise _refuse(json_path, f"op #{k} ({str(kind)[:40]}) is malformed ({type(exc).__name__}: "
                           f"{str(exc)[:80]})", "") from None
-        if len(params) > limits.max_params:
-            raise _refuse(json_path, f"more than {limits.max_params} parameters", "model.pir_max_params")
     return params, ops
 
 
