@@ -20,7 +20,7 @@ import yaml
 from pipeline.bundle import layout as bundle_layout, reference, signing
 from pipeline.core import env
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_text, describe_files, write_json
-from pipeline.bundle.format import FORMAT_VERSION, publish, write_archive, write_sample_pngs
+from pipeline.bundle.format import FORMAT_VERSION, check_name, publish, write_archive, write_sample_pngs
 from pipeline.core.config import ROOT
 from pipeline.core.errors import ConfigError, IntegrityError
 from pipeline.core.gates import OK, Check, Gate
@@ -121,7 +121,7 @@ def _destination(cfg) -> tuple[str, str, Path, Path | None]:
     """(version, name, bundle.root, signing key), refused before anything is copied: a missing key or an
     existing bundle of that name would otherwise be found only after the work."""
     version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg.run.name}-{version}"
+    name = check_name(f"{cfg.run.name}-{version}")         # a folder under bundle.root: a name, never a path
     root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
     published = root / name
     sign_key = Path(cfg.bundle.sign_key) if cfg.bundle.sign_key else None

@@ -1038,6 +1038,31 @@ def evil_pdparams(kind: str, marker: Path) -> bytes:
 EVIL_KINDS = ("reduce", "nested-dict", "nested-list", "object-array", "eval", "stealthy")
 
 
+def pickle_bomb(kind: str) -> bytes:
+    """A small .pdparams that runs nothing but costs time or memory (issue 47): a DAG of shared lists (2^61
+    paths for a walk that does not remember), numpy.ndarray(shape) (1.6 GB of uninitialised "weights" from 40
+    bytes), a zero-stride view (a 3.2 GB array over 8 bytes), one 64 KB string encoded 2000 times (128 MB)."""
+    import codecs
+    import pickle
+
+    if kind == "dag":
+        x: list = []
+        for _ in range(60):
+            x = [x, x]
+        return pickle.dumps({"fc.weight": x}, protocol=2)
+    if kind == "ndarray-alloc":
+        return pickle.dumps({"fc.weight": _Call(np.ndarray, (200_000_000,))}, protocol=2)
+    if kind == "zero-stride":
+        return pickle.dumps({"fc.weight": _Call(np.ndarray, (400_000_000,), "f8", b"\0" * 8, 0, (0,))}, protocol=2)
+    if kind == "memo-encode":
+        text = "w" * (64 << 10)
+        return pickle.dumps({"fc.weight": [_Call(codecs.encode, text, "latin1") for _ in range(2000)]}, protocol=2)
+    raise ValueError(kind)
+
+
+BOMB_KINDS = ("dag", "ndarray-alloc", "zero-stride", "memo-encode")
+
+
 def _evil_pretrained(e: Env, kind: str) -> list[str]:
     path = e.write(f"{kind}.pdparams", evil_pdparams(kind, e.tmp / MARKER))
     return ["run", "train", *e.smoke(f"model.pretrained={path}", root=e.tmp / "runs")]
@@ -1123,6 +1148,10 @@ UNTRUSTED = [
     *[CliCase(f"pdparams-{k}", "untrusted model files", f"model.pretrained .pdparams with a pickle payload ({k})",
               lambda e, k=k: _evil_pretrained(e, k), ("refused", f"{k}.pdparams", "was not run"), absent=(MARKER,))
       for k in EVIL_KINDS],
+    *[CliCase(f"pdparams-bomb-{k}", "untrusted model files", f"model.pretrained .pdparams costing time or memory ({k})",
+              lambda e, k=k: ["run", "train", *e.smoke(f"model.pretrained={e.write(k + '.pdparams', pickle_bomb(k))}",
+                                                       root=e.tmp / "runs")], ("refused", f"{k}.pdparams"))
+      for k in BOMB_KINDS],
     CliCase("pdparams-not-pickle", "untrusted model files", "model.pretrained .pdparams that is random bytes",
             lambda e: ["run", "train", *e.smoke(f"model.pretrained={e.write('w.pdparams', os.urandom(256))}",
                                                 root=e.tmp / "runs")], ("w.pdparams", "not a Paddle parameter file")),
@@ -1186,6 +1215,22 @@ CONFIG += [
     _cfg("run-root-checkout", "run.root=. (the checkout itself)", "run.root=.", "run.root", "a folder of its own"),
     _cfg("run-root-slash", "run.root=/", "run.root=/", "run.root"),
     _cfg("bundle-root-parent", "bundle.root=.. (the checkout's parent)", "bundle.root=..", "bundle.root"),
+    _cfg("seed-over-32-bits", "seed=4294967296 (a traceback in numpy's seeding)", "seed=4294967296", "seed",
+         "less than 4294967296"),
+    _cfg("num-train-huge", "data.num_train=10^20 (a traceback)", "data.num_train=100000000000000000000",
+         "data.num_train", "10000000"),
+    _cfg("max-len-huge", "data.max_len=10^20 (a traceback)", "data.max_len=100000000000000000000", "data.max_len"),
+    _cfg("threads-huge", "run.threads=10^20 (ended in SIGSEGV)", "run.threads=100000000000000000000", "run.threads",
+         "over the limit"),
+    _cfg("threads-per-core", "run.threads=100000 (far more threads than cores)", "run.threads=100000", "run.threads",
+         "threads per core"),
+    _cfg("tolerance-inf", "server.gates.fp32.atol=.inf (a gate that can never fail)", "server.gates.fp32.atol=.inf",
+         "server.gates.fp32.atol", "finite"),
+    _cfg("bundle-version-path", "bundle.version=x/../../victim (a second run deleted a folder outside bundle.root)",
+         "bundle.version=x/../../victim", "bundle.version", "pattern"),
+    CliCase("run-into-bundle", "config (-o)", "run.root=<bundle.root> run.name=<a published bundle> (wrote into it)",
+            lambda e: ["run", "train", *e.smoke(f"run.name={e.bundle.name}", root=e.bundle.parent)],
+            ("run folder", "bundle.root", "overlap")),
     _cfg("cache-home", "data.cache_dir=$HOME (the home folder)", f"data.cache_dir={Path.home()}", "data.cache_dir",
          "a folder of its own"),
 ]
@@ -1250,6 +1295,262 @@ VERIFY += [
 SIGNATURE += [
     CliCase("sign-readonly", "sign", "sign a bundle on read-only storage (OSError traceback)",
             lambda e: ["sign", str(_ro_bundle(e)), "--key", str(e.priv)], ("sign: cannot write", "read-only")),
+]
+
+
+
+
+# ------------------------------------------------------------------------------------ PIR programs (issue 47)
+
+def _pir_at(kind: str, value) -> dict:
+    return {"#": kind, "D": value}
+
+
+def _pir_ints(*v) -> dict:
+    return _pir_at("0.a_array", [_pir_at("0.a_i32", x) for x in v])
+
+
+def _pir_tt(shape, dtype="0.t_f32") -> dict:
+    return {"#": "0.t_dtensor", "D": [{"#": dtype}, list(shape), "NCHW", [], 0]}
+
+
+def pir_doc(relus: int = 1) -> dict:
+    """A genuine PIR program: x[-1,3,8,8] -> conv2d (one [4,3,3,3] parameter) -> relu (x relus) -> fetch."""
+    conv_attrs = [("strides", _pir_ints(1, 1)), ("paddings", _pir_ints(1, 1)),
+                  ("padding_algorithm", _pir_at("0.a_str", "EXPLICIT")), ("dilations", _pir_ints(1, 1)),
+                  ("groups", _pir_at("0.a_i32", 1)), ("data_format", _pir_at("0.a_str", "NCHW"))]
+    ops = [{"#": "p", "A": [0, 1, 1, "conv2d_0.w_0"], "O": {"%": 1, "TT": _pir_tt([4, 3, 3, 3])}},
+           {"#": "1.data", "A": [{"AT": _pir_at("0.a_str", "x"), "N": "name"},
+                                 {"AT": _pir_at("1.a_intarray", [-1, 3, 8, 8]), "N": "shape"},
+                                 {"AT": _pir_at("1.a_dtype", "float32"), "N": "dtype"}],
+            "I": [], "O": [{"%": 2, "TT": _pir_tt([-1, 3, 8, 8])}]},
+           {"#": "1.conv2d", "A": [{"AT": a, "N": n} for n, a in conv_attrs], "I": [{"%": 2}, {"%": 1}],
+            "O": [{"%": 3, "TT": _pir_tt([-1, 4, 8, 8])}]}]
+    for k in range(relus):
+        ops.append({"#": "1.relu", "A": [], "I": [{"%": 3 + k}], "O": [{"%": 4 + k, "TT": _pir_tt([-1, 4, 8, 8])}]})
+    ops.append({"#": "1.fetch", "A": [{"AT": _pir_at("0.a_str", "out"), "N": "name"}, {"AT": _pir_at("0.a_i32", 0), "N": "col"}],
+                "I": [{"%": 3 + relus}], "O": [{"%": 100 + relus, "TT": _pir_tt([-1, 4, 8, 8])}]})
+    return {"base_code": {"magic": "pir", "trainable": True, "version": 1},
+            "program": {"regions": [{"#": "region_0", "blocks": [{"#": "block_0", "args": [], "ops": ops}]}]}}
+
+
+def pdiparams_tensor(shape, dtype_code: int = 5, data: bytes | None = None, desc: bytes | None = None) -> bytes:
+    """One LoDTensor record as save_combine writes it (pipeline/engines/params_file.py has the layout)."""
+    dims = b"".join(_varint(d) for d in shape)
+    desc = desc if desc is not None else b"\x08" + _varint(dtype_code) + b"\x12" + _varint(len(dims)) + dims
+    n = int(np.prod(shape)) * 4
+    return struct.pack("<IQ", 0, 0) + struct.pack("<Ii", 0, len(desc)) + desc + (data if data is not None else b"\0" * n)
+
+
+def _pir_ops(doc: dict) -> list:
+    return doc["program"]["regions"][0]["blocks"][0]["ops"]
+
+
+def _pir_mutate(how: str, doc: dict) -> tuple[dict | str, bytes]:
+    """(inference.json document or raw text, .pdiparams bytes) for a malformed variant of pir_doc()."""
+    ops, params = _pir_ops(doc), pdiparams_tensor([4, 3, 3, 3])
+    conv = ops[2]
+    if how == "op-without-#":
+        del ops[3]["#"]
+    elif how == "no-regions":
+        del doc["program"]["regions"]
+    elif how == "ops-not-a-list":
+        doc["program"]["regions"][0]["blocks"][0]["ops"] = {"0": ops[0]}
+    elif how == "attrs-not-a-list":
+        conv["A"] = "strides"
+    elif how == "attr-without-value":
+        del conv["A"][0]["AT"]
+    elif how == "param-unknown-dtype":
+        ops[0]["O"]["TT"]["D"][0]["#"] = "0.t_quaternion"
+    elif how == "param-name-not-a-string":
+        ops[0]["A"][3] = 7
+    elif how == "conv-missing-input":
+        conv["I"] = [{"%": 2}]
+    elif how == "conv-strides-a-string":
+        conv["A"][0]["AT"] = _pir_at("0.a_str", "two")
+    elif how == "undefined-value":
+        ops[3]["I"] = [{"%": 999}]
+    elif how == "params-garbage":
+        params = b"\xde\xad\xbe\xef" * 40
+    elif how == "params-bad-desc":
+        params = pdiparams_tensor([4, 3, 3, 3], desc=b"\xff\xff\xff")
+    elif how == "params-unknown-dtype":
+        params = pdiparams_tensor([4, 3, 3, 3], dtype_code=22)          # bfloat16: no numpy type to read it as
+    elif how == "params-extra-tensor":
+        params += pdiparams_tensor([4])
+    elif how == "not-json":
+        return "{\"base_code\": [1, 2", params
+    elif how == "deep-json":
+        return "[" * 100_000 + "]" * 100_000, params
+    elif how == "many-ops":                                # 3,500 ops: over model.pir_max_ops (Paddle builds ops superlinearly)
+        doc = pir_doc(relus=3_500)
+    elif how == "many-params":                             # 6,000 parameters: hung in create_parameter at 50,000
+        ops[1:1] = [{"#": "p", "A": [0, 1, 1, f"extra_{k}.w_0"], "O": {"%": 10_000 + k, "TT": _pir_tt([1])}}
+                    for k in range(6_000)]
+    else:
+        raise ValueError(how)
+    return doc, params
+
+
+PIR_MALFORMED = ("op-without-#", "no-regions", "ops-not-a-list", "attrs-not-a-list", "attr-without-value",
+                 "param-unknown-dtype", "param-name-not-a-string", "conv-missing-input", "conv-strides-a-string",
+                 "undefined-value", "params-garbage", "params-bad-desc", "params-unknown-dtype",
+                 "params-extra-tensor", "not-json")
+PIR_TOO_BIG = ("deep-json", "many-ops", "many-params")
+
+
+def pir_model(folder: Path, how: str | None = None) -> Path:
+    """A tiny PIR export (inference.json + .pdiparams): genuine when how is None, else that malformed variant."""
+    doc, params = _pir_mutate(how, pir_doc()) if how else (pir_doc(), pdiparams_tensor([4, 3, 3, 3]))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "inference.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    (folder / "inference.pdiparams").write_bytes(params)
+    return folder
+
+
+def _pir_import(e: Env, how: str) -> list[str]:
+    return ["run", "train", "-c", "configs/ppocr_v5_det.yaml", "-o", f"model.path={pir_model(e.tmp / 'm', how)}",
+            "-o", f"run.root={e.tmp / 'runs'}", "-o", f"bundle.root={e.tmp / 'bundles'}",
+            "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
+
+
+UNTRUSTED += [
+    CliCase(f"pir-{how}", "untrusted model files", f"model.source=pir program: {how.replace('-', ' ')}",
+            lambda e, how=how: _pir_import(e, how), words, hint=True)
+    for how, words in [("op-without-#", ("inference.json", "op #3", "malformed")),
+                       ("conv-missing-input", ("inference.json", "conv2d", "malformed")),
+                       ("params-unknown-dtype", ("inference.pdiparams", "data type 22")),
+                       ("deep-json", ("inference.json", "model.pir_max_depth")),
+                       ("many-ops", ("inference.json", "over the limit of 3000", "model.pir_max_ops")),
+                       ("many-params", ("inference.json", "model.pir_max_params"))]
+]
+
+
+# ------------------------------------------------------------------------------------ inference.yml values (issue 47)
+
+_DET_YML = """PreProcess:
+  transform_ops:
+  - DetResizeForTest:
+      resize_long: {side}
+  - NormalizeImage:
+      {mean}std: [0.229, 0.224, 0.225]
+PostProcess:
+  name: DBPostProcess
+  thresh: {thresh}
+  box_thresh: {box_thresh}
+  max_candidates: 1000
+  unclip_ratio: {unclip}
+"""
+_REC_YML = "PreProcess:\n  transform_ops:\n  - RecResizeImg:\n      image_shape: {shape}\n"
+
+# case -> (yml text, words of the answer); each was a traceback (hints, db_post) or got into the config silently
+YML_CASES = {
+    "pre-a-list": ("PreProcess: [1, 2]\n", ("PreProcess", "inference.yml")),
+    "shape-2-values": (_REC_YML.format(shape="[48, 320]"), ("image_shape", "[channels, height, width]")),
+    "side-inf": (None, ("inference.yml", "OverflowError")),
+    "no-mean": (None, ("inference.yml", "KeyError")),
+    "thresh-high": (None, ("detection.thresh='high'",)),
+    "unclip-1e300": (None, ("detection.unclip_ratio=1e+300",)),
+    "box-thresh-negative": (None, ("detection.box_thresh=-3",)),
+    "channels-7": (_REC_YML.format(shape="[7, 48, 320]"), ("data.channels=7",)),
+}
+
+
+def inference_yml(case: str) -> str:
+    text = YML_CASES[case][0]
+    if text is not None:
+        return text
+    det = {"side": 960, "mean": "mean: [0.485, 0.456, 0.406]\n      ", "thresh": 0.3, "box_thresh": 0.6,
+           "unclip": 1.5}
+    det.update({"side-inf": {"side": ".inf"}, "no-mean": {"mean": ""}, "thresh-high": {"thresh": "high"},
+                "unclip-1e300": {"unclip": "1.0e+300"}, "box-thresh-negative": {"box_thresh": -3}}[case])
+    return _DET_YML.format(**det)
+
+
+def _pir_with_yml(e: Env, case: str) -> list[str]:
+    """The smallest config an import needs (task, model.source, model.path): every other key comes from the yml."""
+    folder = pir_model(e.tmp / "m")
+    (folder / "inference.yml").write_text(inference_yml(case))
+    task = "recognition" if "shape" in case or "channels" in case else "detection"
+    conf = e.write("import.yaml", f"task: {task}\nmodel:\n  source: pir\n  path: {folder}\ntrain:\n  nproc: 1\n")
+    return ["run", "train", "-c", str(conf), "-o", f"run.root={e.tmp / 'runs'}", "-o", f"bundle.root={e.tmp / 'bundles'}",
+            "-o", f"regression.history={e.tmp / 'history.sqlite'}"]
+
+
+UNTRUSTED += [
+    CliCase(f"inference-yml-{case}", "untrusted model files", f"model.source=pir inference.yml: {case.replace('-', ' ')}",
+            lambda e, case=case: _pir_with_yml(e, case), words)
+    for case, (_, words) in YML_CASES.items()
+]
+
+
+# ------------------------------------------------------------------------------------ ONNX external data (issue 47)
+
+def _external_tensor(name: str, location: str, n: int = 4):
+    """A float32 [n] tensor whose bytes ONNX Runtime reads from `location` (relative to the model's folder)."""
+    import onnx
+
+    t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=[n])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", str(4 * n))):
+        t.external_data.add(key=k, value=v)
+    return t
+
+
+def onnx_reading(folder: Path, location: str, where: str = "constant") -> Path:
+    """folder/model.onnx: y = x + c, c a [4] float tensor kept in `location`: a Constant node's value, an
+    initializer, or a Constant inside an If subgraph. Harmless only if `location` is the model's own file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    inits, nodes = [], []
+    if where == "initializer":
+        inits.append(_external_tensor("c", location))
+    elif where == "constant":
+        nodes.append(helper.make_node("Constant", [], ["c"], value=_external_tensor("cv", location)))
+    else:                                       # inside an If's branch: only a walk into subgraphs finds it
+        branch = helper.make_graph([helper.make_node("Constant", [], ["cb"], value=_external_tensor("cv", location))],
+                                   "then", [], [helper.make_tensor_value_info("cb", TensorProto.FLOAT, [4])])
+        nodes += [helper.make_node("Constant", [], ["cond"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+                  helper.make_node("If", ["cond"], ["c"], then_branch=branch, else_branch=branch)]
+    nodes.append(helper.make_node("Add", ["x", "c"], ["y"]))
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+def _bundle_onnx_reading_outside(e: Env) -> Path:
+    """The smoke bundle with an unused Constant added to server/onnx/model.onnx whose bytes come from a file
+    outside the bundle (../../../secret.bin); manifest rehashed (an unsigned bundle: what an attacker does). A
+    symlink inside the bundle is refused by the hash check already."""
+    import onnx
+
+    b = copy_bundle(e)
+    e.write("secret.bin", b"\x00\x00\x80?" * 4)             # beside the bundle: <tmp>/secret.bin
+    m = onnx.load(str(b / "server" / "onnx" / "model.onnx"))
+    from onnx import helper
+    m.graph.node.append(helper.make_node("Constant", [], ["evil_c"],
+                                         value=_external_tensor("cv", "../../../secret.bin")))
+    onnx.save(m, str(b / "server" / "onnx" / "model.onnx"))
+    rehash(b, "server/onnx/model.onnx")
+    return b
+
+
+VERIFY += [
+    CliCase("verify-onnx-external-outside", "verify: content",
+            "bundle ONNX with a Constant read through a symlink to a file outside the bundle, manifest rehashed",
+            lambda e: ["verify", str(_bundle_onnx_reading_outside(e))], ("model.onnx", "outside the model's folder")),
+]
+UNTRUSTED += [
+    CliCase("onnx-import-external-constant", "untrusted model files",
+            "model.source=onnx whose Constant node reads `Makefile` as external data (passed onnx.checker)",
+            lambda e: ["run", "train", *e.smoke("model.source=onnx", f"model.path={onnx_reading(e.tmp / 'm', 'Makefile')}",
+                                                root=e.tmp / "runs")], ("model.onnx", "external files", "Constant")),
 ]
 
 

@@ -236,3 +236,33 @@ def test_a_system_row_is_a_candidate_when_a_part_asked_for_that_row_only_as_a_ca
     assert system_role(subs, "paddle-inference int8") == "required"
     assert system_role(subs, "paddle-inference fp16") == "required"     # another stage's row does not count
     assert system_role({"det": tmp_path / "missing"}, "paddle-inference bf16") == "required"
+
+
+@pytest.mark.parametrize("chosen", [("paddle-inference", "int8"), ("openvino", "bf16")])
+def test_onednn_isa_cap_reranks_like_the_simulated_cpu(chosen, tmp_path, monkeypatch):
+    """Issue 47 cause 13: under ONEDNN_MAX_CPU_ISA=AVX2 the serving check read CPU flags only: Paddle int8 was
+    served on kernels it was never gated on (no VNNI under the cap), OpenVINO bf16 did not start. The cap holds for
+    oneDNN's engines (Paddle Inference, OpenVINO), not ONNX Runtime's (MLAS): its int8 row, gated on these VNNI
+    kernels, is served instead, with one line naming the cap."""
+    here = _flags("amd_avx512_bf16_vnni", "", monkeypatch)
+    folder, cfg = _bundle(tmp_path, here, chosen=chosen)
+    monkeypatch.delenv(caps.ISA_ENV, raising=False)
+    got = sc.runnable_choice(folder, cfg, here)
+    assert (got["engine"], got["precision"], got["cpu"]) == (*chosen, None)        # the control: no cap, as recommended
+    monkeypatch.setenv(caps.ISA_ENV, "avx2")
+    assert caps.kernel_family(chosen[1], caps.engine_flags(chosen[0], here)) != caps.kernel_family(chosen[1], here)
+    got = sc.runnable_choice(folder, cfg, here)
+    assert (got["engine"], got["precision"]) == ("onnxruntime", "int8")
+    assert f"the bundle recommends {chosen[0]} {chosen[1]}, but" in got["cpu"] and "ONEDNN_MAX_CPU_ISA" in got["cpu"]
+    assert "\n" not in got["cpu"]
+
+
+def test_engine_flags_follow_the_onednn_ladder(monkeypatch):
+    here = _flags("intel_amx", "", monkeypatch)
+    for cap, bf16, int8 in (("", "amx_bf16", "amx_int8"), ("AVX512_CORE_BF16", "avx512_bf16", "vnni"),
+                            ("AVX512_CORE_VNNI", None, "vnni"), ("AVX512_CORE", None, "no-vnni"),
+                            ("AVX2", None, "no-vnni"), ("NOT_AN_ISA", "amx_bf16", "amx_int8")):
+        monkeypatch.setenv(caps.ISA_ENV, cap)
+        flags = caps.engine_flags("openvino", here)
+        assert (caps.kernel_family("bf16", flags), caps.kernel_family("int8", flags)) == (bf16, int8), cap
+        assert caps.engine_flags("onnxruntime", here) == here

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -21,11 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.artifacts import ordinary_mode, read_json, replace_dir, sha256_file
+from pipeline.core.artifacts import ordinary_mode, sha256_file
 from pipeline.bundle.layout import INFER_CONFIG, MANIFEST
-from pipeline.core.errors import IntegrityError, MissingArtifact
+from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
 
 FORMAT_VERSION = 1
+PUBLISH_LOCK = ".publish.lock"      # in bundle.root: publishing takes it (hidden: never a bundle)
 
 
 
@@ -65,8 +67,8 @@ def verify_hashes(folder: Path) -> dict:
     if man_path.is_symlink() or not man_path.is_file():
         raise MissingArtifact(f"{folder} is not a bundle: {MANIFEST} is missing",
                               hint="pass a folder made by `make deploy` (see bundles/) or its .tar.gz")
+    manifest = read_manifest(folder)
     try:
-        manifest = read_json(man_path)
         files = manifest["files"]
         metas = [(rel, int(meta["bytes"]), str(meta["sha256"])) for rel, meta in files.items()]
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
@@ -94,11 +96,42 @@ def verify_hashes(folder: Path) -> dict:
     return manifest
 
 
+MAX_META_BYTES = 16 << 20          # manifest.json / infer_config.yaml: a few KB (a 18k-character charset: ~200 KB)
+MAX_SIDE = 8192                    # any image size in infer_config (detection.limit_side_len's bound)
+MAX_LABELS, MAX_LABEL_CHARS = 100_000, 256
+
+
+def read_manifest(folder: Path) -> dict:
+    """manifest.json as a mapping, within MAX_META_BYTES and without a RecursionError: else one IntegrityError."""
+    path = Path(folder) / MANIFEST
+    try:
+        size = path.stat().st_size
+        if size > MAX_META_BYTES:
+            raise ValueError(f"{size} bytes, over the limit of {MAX_META_BYTES}")
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except RecursionError:
+        raise IntegrityError(f"{path} is nested too deeply to be a bundle manifest",
+                             hint="rebuild the bundle with `make deploy`") from None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{path} is not a valid bundle manifest ({str(exc)[:100]})",
+                             hint="it needs a 'files' mapping of path -> {sha256, bytes}; rebuild with `make deploy`") \
+            from None
+    return doc
+
+
 def load_infer_config(folder: Path) -> dict:
+    """infer_config.yaml through the config reader (size, alias and depth limits), then the bounds of the values a
+    reader allocates by (image sizes, input shape, labels): one IntegrityError line naming the key."""
+    from pipeline.core import safe_yaml
+
     path = Path(folder) / INFER_CONFIG
     try:
-        cfg = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        cfg = safe_yaml.read(path, "bundle file", max_bytes=MAX_META_BYTES)
+    except ConfigError as exc:
+        raise IntegrityError(exc.message, hint="rebuild the bundle with `make deploy`") from None
+    except (OSError, yaml.YAMLError) as exc:
         raise IntegrityError(f"{path} is unreadable ({type(exc).__name__})", hint="rebuild the bundle with `make deploy`") from None
     # an OCR system bundle names its two model bundles instead (pipeline/bundle/system.py)
     required = ("task", "detection", "recognition") if isinstance(cfg, dict) and cfg.get("task") == "ocr_system" \
@@ -106,7 +139,44 @@ def load_infer_config(folder: Path) -> dict:
     missing = [k for k in required if not isinstance(cfg, dict) or k not in cfg]
     if missing:
         raise IntegrityError(f"{path} lacks {', '.join(missing)}", hint="rebuild the bundle with `make deploy`")
+    bad = _out_of_bounds(cfg)
+    if bad:
+        raise IntegrityError(f"{path}: {bad}", hint="rebuild the bundle with `make deploy`")
     return cfg
+
+
+def _out_of_bounds(cfg: dict) -> str | None:
+    """What a bundle's infer_config may not hold: image sizes past MAX_SIDE (verify allocated 60000x60000 pages),
+    an input shape past it, labels that are not a bounded list of short strings."""
+    import math
+
+    def side(v) -> bool:
+        return v is None or (type(v) is int and 0 < v <= MAX_SIDE)
+
+    pre, inp, post = cfg.get("preprocess"), cfg.get("input"), cfg.get("postprocess")
+    if pre is not None and not isinstance(pre, dict) or post is not None and not isinstance(post, dict):
+        return "preprocess/postprocess is not a mapping"
+    for k in ("height", "width", "limit_side_len"):
+        if pre and k in pre and not side(pre[k]):
+            return f"preprocess.{k}={str(pre[k])[:40]} is not a size within 1..{MAX_SIDE}"
+    for k in ("mean", "std"):
+        vals = pre.get(k) if pre else None
+        vals = vals if isinstance(vals, list) else [vals] if vals is not None else []
+        if len(vals) > 4 or not all(type(v) in (int, float) and math.isfinite(v) for v in vals):
+            return f"preprocess.{k} is not one to four finite numbers"
+    shape = inp.get("shape") if isinstance(inp, dict) else None
+    if shape is not None and (not isinstance(shape, list) or len(shape) > 8
+                              or not all(d == -1 or side(d) for d in shape)):
+        return f"input.shape {str(shape)[:60]} is not a list of sizes within 1..{MAX_SIDE} (or -1/null: any)"
+    for k in ("labels", "charset"):
+        v = post.get(k) if post else None
+        if v is None:
+            continue
+        if not isinstance(v, list) or len(v) > MAX_LABELS or sum(len(str(x)) for x in v) > 10 * MAX_LABELS or \
+                not all(isinstance(x, str) and len(x) <= MAX_LABEL_CHARS for x in v):
+            return (f"postprocess.{k} is not a list of at most {MAX_LABELS} strings of at most "
+                    f"{MAX_LABEL_CHARS} characters ({10 * MAX_LABELS} in all)")
+    return None
 
 
 MAX_ARCHIVE_BYTES = 512 << 20     # defaults of verify.max_archive_bytes / verify.max_members
@@ -206,14 +276,35 @@ def open_bundle(path: Path, scratch: Path, max_bytes: int = MAX_ARCHIVE_BYTES, m
     raise MissingArtifact(f"bundle not found: {path}", hint="pass a bundle folder or .tar.gz (see bundles/)")
 
 
+def check_name(name: str, what: str = "bundle name") -> str:
+    """A bundle's name becomes a folder under bundle.root: one plain path component, never '..' or a path."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name or "") or len(name) > 200:
+        raise ConfigError(f"{what} {name!r} is not a plain name (letters, digits, '.', '_', '-'; not a path, "
+                          "not starting with '.')", hint="set bundle.version (and run.name) to a plain name")
+    return name
+
+
 def publish(out_dir: Path, name: str, root: Path, archive: bool) -> None:
-    """Copy the verified bundle to bundle.root atomically (temp copy + rename)."""
+    """Copy the verified bundle to bundle.root atomically (temp copy + rename), under bundle.root's publish
+    lock. Bundles are never overwritten: one of this name published by another run after this one started is
+    refused, not replaced."""
+    import fcntl
+
+    check_name(name)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out_dir / name, tmp)
-    replace_dir(tmp, root / name)
-    if archive:
-        tmp_tar = root / f".tmp-{name}.tar.gz"
-        shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
-        tmp_tar.replace(root / f"{name}.tar.gz")
+    with open(root / PUBLISH_LOCK, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # two runs publishing at once: one after the other
+        for final in [root / name] + ([root / f"{name}.tar.gz"] if archive else []):
+            if os.path.lexists(final):
+                raise ConfigError(f"bundle {final} was published by another run while this one ran; bundles "
+                                  "are never overwritten", hint="run again with another bundle.version")
+        tmp = root / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out_dir / name, tmp)
+        os.rename(tmp, root / name)
+        if archive:
+            tmp_tar = root / f".tmp-{name}.tar.gz"
+            shutil.copy2(out_dir / f"{name}.tar.gz", tmp_tar)
+            os.rename(tmp_tar, root / f"{name}.tar.gz")

@@ -19,7 +19,7 @@ from pipeline.bundle import layout as bundle_layout
 from pipeline.engines.base import Engine
 from pipeline.core.errors import ConfigError, MissingArtifact
 from pipeline.bundle.recommend import SERVABLE
-from pipeline.core.capabilities import KERNEL_TIERS, kernel_family
+from pipeline.core.capabilities import ISA_ENV, KERNEL_TIERS, engine_flags, kernel_family
 
 MODEL_PATHS = bundle_layout.SERVING_MODELS      # fp32 model per engine (evaluation/system_engines.py imports this name)
 _DEFAULT_SETTINGS = {"batch1": {"threads": 1}, "batchN": {"threads": 0}}
@@ -64,12 +64,13 @@ PASSED = ("chosen", "slower")      # verdicts of rows that passed every check an
 def built_flags(folder: Path) -> frozenset | None:
     """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
     pipeline/core/capabilities.describe); None for bundles without that record."""
-    import json
+    from pipeline.bundle.format import read_manifest
+    from pipeline.core.errors import IntegrityError
 
     try:
-        caps = json.loads((Path(folder) / bundle_layout.MANIFEST).read_text())["hardware"]["capabilities"]
+        caps = read_manifest(folder)["hardware"]["capabilities"]
         return frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (IntegrityError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -102,7 +103,7 @@ def _rerank(folder: Path, rec: dict, built: frozenset | None, here: frozenset) -
     if not _interleaved(rec):
         return None
     ok = [c for c in rec.get("candidates") or [] if c.get("verdict") in PASSED
-          and kernel_refusal(c["precision"], built, here) is None
+          and kernel_refusal(c["precision"], built, engine_flags(c["engine"], here)) is None
           and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"], folder))]
     if rec.get("by") == "throughput":
         ok = [c for c in ok if c.get("throughput_sps")]
@@ -123,7 +124,9 @@ def runnable_choice(folder: Path, infer_cfg: dict, here: frozenset | None = None
     why = rec.get("why") or (f"no recommendation recorded: the reference engine, {kind} fp32" if not rec
                              else "recommended")
     built = built_flags(folder)
-    refused = kernel_refusal(prec, built, here)
+    refused = kernel_refusal(prec, built, engine_flags(kind, here))     # ONEDNN_MAX_CPU_ISA caps oneDNN engines
+    if refused is not None and engine_flags(kind, here) != here:
+        refused += f" ({ISA_ENV} caps {kind}'s oneDNN kernels)"
     if refused is None:
         return {"engine": kind, "precision": prec, "settings": settings, "why": why, "cpu": None}
     alt = _rerank(folder, rec, built, here)
@@ -144,8 +147,9 @@ def _runnable_precision(kind: str, precision: str) -> str:
     silently run f32): serve fp32 and say so."""
     from pipeline.core.capabilities import cpu_flags
 
-    if kernel_family(precision, cpu_flags()) is None:
-        log.warning("%s %s asked for, but this CPU lacks avx512_bf16/amx_bf16: serving %s fp32", kind, precision, kind)
+    if kernel_family(precision, engine_flags(kind, cpu_flags())) is None:
+        log.warning("%s %s asked for, but this CPU (or %s) has no avx512_bf16/amx_bf16: serving %s fp32", kind,
+                    precision, ISA_ENV, kind)
         return "fp32"
     return precision
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bundle import layout
-from pipeline.bundle.format import load_infer_config, verify_hashes
+from pipeline.bundle.format import load_infer_config, read_manifest, verify_hashes
 from pipeline.data.imagedecode import decode_file
 from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
 from pipeline.core.gates import Check
@@ -67,8 +67,10 @@ def subs_of(folder: Path, cfg: dict) -> dict[str, Path]:
 def measured_on(sub: Path) -> dict | None:
     """The CPU a model bundle's rows were gated and timed on (its manifest's hardware record)."""
     try:
-        hw = json.loads((Path(sub) / layout.MANIFEST).read_text())["hardware"]
-    except (OSError, ValueError, KeyError):
+        hw = read_manifest(sub)["hardware"]
+    except (IntegrityError, KeyError, TypeError):
+        return None
+    if not isinstance(hw, dict):
         return None
     caps = hw.get("capabilities") or {}
     return {"cpu": hw.get("cpu"), "cores": hw.get("cores"), "avx512": hw.get("avx512"),

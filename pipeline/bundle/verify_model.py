@@ -15,6 +15,7 @@ import numpy as np
 from pipeline.bundle import layout as layout
 from pipeline.bundle.format import inside_bundle, load_infer_config, verify_hashes
 from pipeline.core.errors import DataError, IntegrityError
+from pipeline.engines import onnx_files
 from pipeline.core.gates import Check, output_kind, parity_checks, parity_limits
 from pipeline.data.preprocess import decode_image_bytes, to_tensor
 
@@ -136,6 +137,9 @@ def verify_model_folder(folder: Path, timeout: float = 120, threads: int = 0, ma
     """Hashes (unless the caller checked them: `manifest`), then each runnable model on the samples; a report
     dict (no exception for a failed check)."""
     manifest = manifest if manifest is not None else verify_hashes(folder)
+    for rel in sorted(manifest["files"]):       # every ONNX file, before any engine opens one (issue 47)
+        if rel.endswith(".onnx"):
+            onnx_files.confine(folder / rel)
     cfg = load_infer_config(folder)
     x, expected = load_samples(folder, cfg)
     checks = [asdict(Check("sha256 of every file", 0.0, 0.0))]       # verify_hashes raised otherwise

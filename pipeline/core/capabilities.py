@@ -130,6 +130,29 @@ def isa_cap_without_bf16() -> str | None:
     return cap if cap and not cap.startswith(_BF16_ISAS) else None
 
 
+# what each ONEDNN_MAX_CPU_ISA cap still lets oneDNN use (its cpu_isa hierarchy; avx2_vnni is not part of
+# avx512_core..avx512_core_bf16, it comes back with avx512_core_fp16's avx2_vnni_2)
+_AVX2, _AVX512 = {"avx", "avx2"}, {"avx", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+_ISA_ALLOWS = {"SSE41": set(), "AVX": {"avx"}, "AVX2": _AVX2, "AVX2_VNNI": _AVX2 | {"avx_vnni"},
+               "AVX2_VNNI_2": _AVX2 | {"avx_vnni"}, "AVX512_CORE": _AVX512,
+               "AVX512_CORE_VNNI": _AVX512 | {"avx512_vnni"},
+               "AVX512_CORE_BF16": _AVX512 | {"avx512_vnni", "avx512_bf16"},
+               "AVX512_CORE_FP16": _AVX512 | {"avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni"}}
+_ISA_ALLOWS["AVX512_CORE_AMX"] = _ISA_ALLOWS["AVX512_CORE_FP16"] | {"amx_bf16", "amx_int8", "amx_tile"}
+_CAPPED = {f for allowed in _ISA_ALLOWS.values() for f in allowed} | BF16_FLAGS | VNNI_FLAGS
+ONEDNN_ENGINES = ("paddle-inference", "openvino")      # their CPU kernels come from oneDNN (ORT's from MLAS)
+
+
+def engine_flags(engine: str, flags: frozenset | None = None) -> frozenset:
+    """The CPU flags `engine`'s kernels may use here: ONEDNN_MAX_CPU_ISA caps Paddle Inference's and OpenVINO's
+    (oneDNN), not ONNX Runtime's. An unknown cap name is taken as no cap (oneDNN ignores it too)."""
+    flags = frozenset(cpu_flags() if flags is None else flags)
+    allowed = _ISA_ALLOWS.get(_isa_cap())
+    if engine not in ONEDNN_ENGINES or allowed is None:
+        return flags
+    return frozenset(f for f in flags if f not in _CAPPED or f in allowed)
+
+
 def onednn_below_avx2() -> bool:
     """oneDNN runs under AVX2 here (a CPU without it, or ONEDNN_MAX_CPU_ISA=SSE41/AVX): its bf16 reorders then cannot
     be built ("could not construct a memory descriptor using strides"), so a bf16-rounding program runs without it."""

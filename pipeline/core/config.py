@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -24,10 +25,42 @@ DEFAULTS = ROOT / "configs" / "defaults.yaml"
 
 PosInt = Field(gt=0)
 NonNegFloat = Field(ge=0)
+MAX_INT = 1 << 40              # any integer key: past this it is a typo (and range()/allocations would die on it)
+MAX_FLOAT = 1e12               # any float key: finite and within this (a tolerance of .inf could never fail)
+MAX_COUNT = 10_000_000         # sample counts (data.num_train, ...): ~10x the largest real data set
+THREADS_PER_CORE = 4           # thread keys: at most this many per core (1e20 threads ended in SIGSEGV)
+
+
+def _max_threads() -> int:
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def bounded_number(name: str, value) -> None:
+    """Raises ValueError naming `name` if a number in `value` (a list included) is out of every key's bounds."""
+    for v in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > MAX_INT:
+            raise ValueError(f"{name}={v} is over the limit of {MAX_INT} for any integer key")
+        if isinstance(v, float) and (not math.isfinite(v) or abs(v) > MAX_FLOAT):
+            raise ValueError(f"{name}={v} is not a finite number within +-{MAX_FLOAT:g}")
+        if "threads" in name and isinstance(v, int) and v > _max_threads():
+            raise ValueError(f"{name}={v} is more than {THREADS_PER_CORE} threads per core "
+                             f"({_max_threads()} on this machine)")
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _numbers_bounded(self):
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for key, v in items:
+                if not isinstance(v, BaseModel):
+                    bounded_number(name if key is None else f"{name}.{key}", v)
+        return self
 
 
 class RunCfg(Section):
@@ -55,13 +88,13 @@ class DataCfg(Section):
     charset: Optional[str]
     use_space_char: bool
     preprocess: Literal["default", "ppocr"]
-    num_train: int = PosInt
-    num_val: int = PosInt
+    num_train: int = Field(gt=0, le=MAX_COUNT)
+    num_val: int = Field(gt=0, le=MAX_COUNT)
     height: int = Field(ge=8, le=1024)
     width: int = Field(ge=8, le=4096)
     channels: Literal[1, 3]
-    max_len: int = PosInt
-    max_boxes: int = PosInt
+    max_len: int = Field(gt=0, le=1024)            # characters in one text line
+    max_boxes: int = Field(gt=0, le=10_000)        # text boxes on one page
     page_size: int = Field(ge=64, le=4096)
     fonts: list[str]
     train_drawable_only: bool
@@ -80,6 +113,10 @@ class ModelCfg(Section):
     pretrained: Optional[str]
     allow_partial: bool
     max_file_bytes: int = PosInt
+    pir_max_json_bytes: int = PosInt
+    pir_max_depth: int = Field(gt=0, le=10_000)
+    pir_max_ops: int = PosInt
+    pir_max_params: int = PosInt
 
     @model_validator(mode="after")
     def _inference_needs_a_path(self):
@@ -285,7 +322,7 @@ class LiteCfg(Section):
 
 class BundleCfg(Section):
     root: str
-    version: Optional[str]
+    version: Optional[str] = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$", max_length=100)   # a name, not a path
     archive: bool
     samples: int = PosInt
     sample_atol: float = Field(gt=0)
@@ -332,7 +369,7 @@ class DetectionCfg(Section):
     use_dilation: bool
     thresh: float = Field(gt=0, lt=1)
     box_thresh: float = Field(gt=0, lt=1)
-    unclip_ratio: float = Field(gt=0)
+    unclip_ratio: float = Field(gt=0, le=100)       # PaddleOCR uses 1.5-2; 1e300 overflowed db_post
     max_candidates: int = PosInt
     min_size: float = NonNegFloat
     iou: float = Field(gt=0, le=1)
@@ -390,7 +427,7 @@ class RegressionCfg(Section):
 
 class Config(Section):
     task: Literal["classification", "recognition", "detection", "text_direction", "ocr_system"]
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, lt=1 << 32)            # numpy's and Paddle's seeds are 32-bit
     run: RunCfg
     data: DataCfg
     model: ModelCfg
@@ -446,6 +483,22 @@ def _get(cfg, dotted: str):
     return getattr(getattr(cfg, section), key)
 
 
+BUNDLE_MARKERS = ("manifest.json", "infer_config.yaml")     # what a published bundle folder holds (bundle/layout)
+
+
+def _run_outside_bundles(cfg, run_dir: Path) -> None:
+    """A run writes .lock, .work and its stage folders: never inside bundle.root or a published bundle (verify
+    would then fail it), and bundle.root never inside the run folder (its stages replace it)."""
+    bundle_root = _abs(cfg.bundle.root)
+    if run_dir.is_relative_to(bundle_root) or bundle_root.is_relative_to(run_dir):
+        raise ConfigError(f"run folder {run_dir} (run.root/run.name) and bundle.root {bundle_root} overlap: the run "
+                          "would write into the published bundles", hint="keep run.root and bundle.root apart")
+    for folder in (run_dir, *run_dir.parents):
+        if all((folder / m).is_file() for m in BUNDLE_MARKERS):
+            raise ConfigError(f"run folder {run_dir} lies inside the bundle {folder}",
+                              hint="set run.root to a folder of its own, outside every bundle")
+
+
 def confine_paths(cfg) -> None:
     """Folders a run writes (and replaces stage folders in) hold nothing else: an output root that is the file
     system root, the home folder, the checkout or one of its parents is refused, and so is an input that lies
@@ -458,6 +511,7 @@ def confine_paths(cfg) -> None:
                               "outputs: runs write (and replace stage folders) there",
                               hint=f"set {key} to a folder of its own, such as the default in configs/defaults.yaml")
     run_dir = _abs(str(cfg.run_dir))
+    _run_outside_bundles(cfg, run_dir)
     for key in INPUT_PATHS:
         value = _get(cfg, key)
         if not value:
@@ -667,6 +721,9 @@ def load_config(paths: list[str | Path] | None = None, overrides: list[str] | No
         where = ".".join(str(p) for p in err["loc"])
         got = err.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        named = re.match(r"Value error, ([\w.]+)=", err["msg"])
+        if named:                   # a section's own check names its key: section.key, not only the section
+            where, err = f"{where}.{named[1]}", {**err, "msg": err["msg"][len("Value error, "):]}
         more = f" [+{len(exc.errors()) - 1} more]" if len(exc.errors()) > 1 else ""
         raise ConfigError(f"config key '{where}': {err['msg']}{got_s}{more}",
                           hint="see configs/defaults.yaml for the allowed values") from None

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import io
@@ -23,6 +24,36 @@ from typing import Iterator
 QUIET_ENV = "PIPELINE_QUIET"
 _capture: dict = {}          # while native output is captured: {"console": TextIO, "log": path}
 _keep = {"here": False}      # a process whose fds are already its own log (a training rank's workerlog.N)
+
+
+# what an ASCII-only console (LANG=C, PYTHONUTF8=0) shows for the symbols our lines use
+ASCII_FALLBACK = {"\u00d7": "x", "\u2192": "->", "\u2190": "<-", "\u2265": ">=", "\u2264": "<=", "\u2260": "!=",
+                  "\u2248": "~", "\u00b1": "+-", "\u2026": "...", "\u2014": "--", "\u2013": "-", "\u00b5": "u",
+                  "\u2713": "ok", "\u2717": "x", "\u2022": "*", "\u00b7": ".", "\u2018": "'", "\u2019": "'",
+                  "\u201c": '"', "\u201d": '"', "\u2212": "-", "\u221e": "inf", "\u0394": "delta"}
+ASCII_ERRORS = "pipeline-ascii"
+
+
+def _ascii_fallback(exc: UnicodeError):
+    """A codec error handler: the ASCII spelling of a known symbol, else a \\uXXXX escape (never an exception)."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    return "".join(ASCII_FALLBACK.get(ch) or ch.encode("ascii", "backslashreplace").decode() for ch in text), exc.end
+
+
+codecs.register_error(ASCII_ERRORS, _ascii_fallback)
+
+
+def locale_proof(*streams) -> None:
+    """Printing never raises UnicodeEncodeError, whatever the locale: symbols fall back to ASCII."""
+    for s in streams or (sys.stdout, sys.stderr):
+        encoding = getattr(s, "encoding", None)
+        if not isinstance(encoding, str):           # a StringIO (tests, redirect_stdout): no encoding, no error
+            continue
+        with contextlib.suppress(AttributeError, ValueError, LookupError, io.UnsupportedOperation):
+            if codecs.lookup(encoding).name != "utf-8":
+                s.reconfigure(errors=ASCII_ERRORS)
 
 
 def keep_native_output_here() -> None:
@@ -83,6 +114,7 @@ class _ConsoleHandler(logging.StreamHandler):
 
 
 def setup_logging() -> None:
+    locale_proof()
     # our own handler: paddle reconfigures the root logger on import
     log = logging.getLogger("pipeline")
     if not any(isinstance(h, _ConsoleHandler) for h in log.handlers):
@@ -125,7 +157,7 @@ def native_output_to(log_path: Path, title: str = "") -> Iterator[Path]:
     # sys.stderr replaced by a Python object (pytest's capsys): it is not on fd 2, so keep writing to it
     if _real_fd(sys.stderr, 2):
         console = io.TextIOWrapper(os.fdopen(os.dup(saved[2]), "wb", buffering=0), encoding=sys.stderr.encoding,
-                                   errors="backslashreplace", line_buffering=True, write_through=True)
+                                   errors=ASCII_ERRORS, line_buffering=True, write_through=True)
     else:
         console = sys.stderr
     try:

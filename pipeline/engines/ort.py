@@ -16,6 +16,7 @@ from typing import Collection
 import numpy as np
 
 from pipeline.core import capabilities
+from pipeline.engines import onnx_files
 from pipeline.engines.base import Engine
 from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
 
@@ -74,6 +75,7 @@ class OrtEngine(Engine):
                                        "extended": levels.ORT_ENABLE_EXTENDED, "all": levels.ORT_ENABLE_ALL}[graph_optimization]
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        onnx_files.confine(path)            # no external data from outside the model's folder (issue 47)
         with tempfile.TemporaryDirectory(prefix="ort-opt-") as tmp:
             so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")   # what ORT really runs
             try:

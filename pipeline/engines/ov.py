@@ -16,6 +16,7 @@ from typing import Collection
 
 import numpy as np
 
+from pipeline.engines import onnx_files
 from pipeline.engines.base import Engine
 from pipeline.engines.evidence import not_applied
 from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
@@ -80,6 +81,8 @@ class OpenVinoEngine(Engine):
             raise MissingArtifact(f"OpenVINO model not found: {path}")
         if label not in _HINT:
             raise ConfigError(f"OpenVINO rows are {', '.join(_HINT)}, not {label!r}")
+        if path.suffix == ".onnx":
+            onnx_files.confine(path)        # no external data from outside the model's folder (issue 47)
         core = shared_core()
         try:
             model = core.read_model(str(path))
@@ -178,6 +181,7 @@ def quantize_int8(onnx_file: str | os.PathLike, out_xml: str | os.PathLike, cali
         raise ConfigError(f"calibration data must be [N, C, H, W], got {list(calib.shape)}")
     n = min(len(calib), batch_size * batch_nums)
     batches = [np.ascontiguousarray(calib[i:min(i + batch_size, n)], np.float32) for i in range(0, n, batch_size)]
+    onnx_files.confine(onnx_file)
     model = shared_core().read_model(str(onnx_file))
     ignored, types = ignored_scope(model, weights) if weights is not None else ([], [])
     scope = nncf.IgnoredScope(names=ignored, types=types, validate=False) if weights is not None else None
@@ -220,6 +224,7 @@ def save_f32_ir(onnx_file: str | os.PathLike, out_xml: str | os.PathLike) -> Pat
 
     out = Path(out_xml)
     out.parent.mkdir(parents=True, exist_ok=True)
+    onnx_files.confine(onnx_file)
     model = shared_core().read_model(str(onnx_file))
     for op in model.get_ordered_ops():
         if op.get_type_name() in _COMPUTE_IR:

@@ -104,9 +104,13 @@ def _tensor(r: _Reader, k: int) -> tuple[int, list[int]]:
     return dtype, dims
 
 
-def check(path: str | os.PathLike, max_bytes: int | None = None, expect: int | None = None) -> int:
-    """Walk every tensor header of a combined .pdiparams; the tensor count, or IntegrityError (one line).
-    `expect`: the number of parameters the program declares, when known."""
+# framework.proto VarType.Type -> numpy dtype name, for the types read into arrays here (bf16 has no numpy type)
+NUMPY_DTYPES = {0: "bool", 1: "int16", 2: "int32", 3: "int64", 4: "float16", 5: "float32", 6: "float64",
+                20: "uint8", 21: "int8", 23: "complex64", 24: "complex128"}
+
+
+def _walk(path: str | os.PathLike, max_bytes: int | None, expect: int | None, with_data: bool) -> list:
+    """Every tensor record of a combined .pdiparams, checked: [(start, end, dtype, dims)], or IntegrityError."""
     p = Path(path)
     if not p.is_file():
         raise IntegrityError(f"{p} is not a regular file", hint="give the exported model's .pdiparams file")
@@ -114,17 +118,44 @@ def check(path: str | os.PathLike, max_bytes: int | None = None, expect: int | N
     if max_bytes is not None and size > max_bytes:
         raise IntegrityError(f"{p} is {size} bytes, over the limit of {max_bytes}",
                              hint="raise model.max_file_bytes if the file is genuine")
-    count = 0
+    records = []
     try:
         with open(p, "rb") as f:
             r = _Reader(f, size)
             while r.left > 0:
-                _tensor(r, count)
-                count += 1
+                if expect is not None and len(records) >= expect:
+                    raise _Bad(f"more than the {expect} tensors the program declares")
+                start = f.tell()
+                dtype, dims = _tensor(r, len(records))
+                if with_data and dtype not in NUMPY_DTYPES:
+                    raise _Bad(f"tensor #{len(records)} has data type {dtype}, which a parameter read here never has")
+                records.append((start, f.tell(), dtype, dims))
     except _Bad as exc:
         raise IntegrityError(f"{p} is not a valid Paddle parameter file: {exc}",
                              hint="re-export or re-download the model") from None
-    if expect is not None and count != expect:
-        raise IntegrityError(f"{p} holds {count} tensors but the program declares {expect} parameters",
-                             hint="the .pdiparams does not belong to this .pdmodel: re-export the model")
-    return count
+    if expect is not None and len(records) != expect:
+        raise IntegrityError(f"{p} holds {len(records)} tensors but the program declares {expect} parameters",
+                             hint="the .pdiparams does not belong to this program: re-export the model")
+    return records
+
+
+def check(path: str | os.PathLike, max_bytes: int | None = None, expect: int | None = None) -> int:
+    """Walk every tensor header of a combined .pdiparams; the tensor count, or IntegrityError (one line).
+    `expect`: the number of parameters the program declares, when known."""
+    return len(_walk(path, max_bytes, expect, with_data=False))
+
+
+def tensors(path: str | os.PathLike, max_bytes: int | None = None, expect: int | None = None) -> list:
+    """The one reader of a combined .pdiparams as arrays (Paddle 2.x and Paddle 3 PIR files alike): every header
+    checked first as check() does, then [(start, end, numpy array)] in file order."""
+    import numpy as np
+
+    records = _walk(path, max_bytes, expect, with_data=True)
+    data, out = Path(path).read_bytes(), []
+    for start, end, dtype, dims in records:
+        dt = np.dtype(NUMPY_DTYPES[dtype])
+        n = 1
+        for d in dims:
+            n *= d
+        out.append((start, end, np.frombuffer(data, dt, count=n, offset=end - n * dt.itemsize).reshape(dims).copy()))
+    return out

@@ -73,7 +73,7 @@ def inference_yml(prefix: Path) -> dict | None:
             "dictionary_size": len(chars) if isinstance(chars, list) else None}
 
 
-def translate_pir(path: str | Path, out_dir: Path, sections: dict) -> tuple[Path, dict]:
+def translate_pir(path: str | Path, out_dir: Path, sections: dict, model_cfg=None) -> tuple[Path, dict]:
     """model.source=pir: the Paddle 3 export at `path` translated into out_dir/translated/inference.pdmodel/
     .pdiparams (pipeline/models/pir.py), its inference.yml copied beside; the configured pre/post-processing
     (`sections`: {'data': ..., 'detection': ...}) must agree with that yml -> (prefix, record)."""
@@ -88,7 +88,7 @@ def translate_pir(path: str | Path, out_dir: Path, sections: dict) -> tuple[Path
         raise ConfigError(f"model.path {path}: the config contradicts its inference.yml: {'; '.join(bad)}",
                           hint=f"set those keys as `python -m pipeline.models.pir_yml {folder}` prints them")
     prefix = out_dir / "translated" / "inference"
-    record = pir.translate(folder, prefix)
+    record = pir.translate(folder, prefix, pir.Limits.of(model_cfg or {}))
     if yml.is_file():
         shutil.copy2(yml, prefix.parent / yml.name)
     record["sha256"] = {f.name: sha256_file(f)
@@ -216,16 +216,16 @@ def _is_pir(path) -> bool:
     return is_pir_model(path) and not is_inference_model(path)
 
 
-def _trainable_pir(path):
+def _trainable_pir(path, model_cfg=None):
     """trainable() of a PIR export translated into a scratch folder (jit.load reads it whole; removed after)."""
     import shutil
     import tempfile
 
-    from pipeline.models.pir import resolve_dir, translate
+    from pipeline.models.pir import Limits, resolve_dir, translate
 
     scratch = Path(tempfile.mkdtemp(prefix="pir-"))
     try:
-        translate(resolve_dir(path, "model.pretrained"), scratch / "inference")
+        translate(resolve_dir(path, "model.pretrained"), scratch / "inference", Limits.of(model_cfg or {}))
         return trainable(scratch / "inference")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -236,7 +236,7 @@ def build(task, model_cfg: dict, info: dict, load_pretrained: bool = True):
     or the builder's Layer with model.pretrained .pdparams loaded by name → (layer, report or None)."""
     pre = model_cfg.get("pretrained")
     if pre and _is_pir(pre):                      # a Paddle 3 export (e.g. PP-OCRv5): translated, then as below
-        return _trainable_pir(pre), {"kind": "inference program (Paddle 3 PIR, translated)", "path": str(pre)}
+        return _trainable_pir(pre, model_cfg), {"kind": "inference program (Paddle 3 PIR, translated)", "path": str(pre)}
     if pre and is_inference_model(pre):
         prefix = resolve_prefix(pre, "model.pretrained", model_cfg.get("max_file_bytes"))
         return trainable(prefix), {"kind": "inference program", "path": str(pre)}

@@ -44,15 +44,23 @@ def resolve(path: str | os.PathLike, max_bytes: int | None = None) -> Path:
 def _load(path: Path):
     import onnx
 
+    from pipeline.engines.onnx_files import external_tensors
+
     try:
         model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
     except Exception as exc:        # a foreign or truncated file: one line, not a protobuf traceback
         raise ConfigError(f"model.path {path} is not a valid ONNX model ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:160]})", hint="export the model again") from None
-    if any(t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
-           for t in model.graph.initializer):
-        raise ConfigError(f"model.path {path} keeps weights in external files", hint="save it as one .onnx file")
+    found = external_tensors(model)              # any tensor: initializers, Constant attributes, subgraphs
+    if found:                                    # (before the checker, which would open the files)
+        where, location = found[0]
+        raise ConfigError(f"model.path {path} keeps weights in external files ({where[:100]}: {location[:60]!r})",
+                          hint="save it as one .onnx file")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise ConfigError(f"model.path {path} is not a valid ONNX model ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:160]})", hint="export the model again") from None
     return model
 
 
@@ -93,6 +101,10 @@ def file_hashes(path: Path) -> dict:
 
 def reference_session(path: str | os.PathLike):
     import onnxruntime as ort
+
+    from pipeline.engines.onnx_files import confine
+
+    confine(path)                   # nothing read from outside the model's folder (issue 47)
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -8,64 +8,28 @@ outputs against a reference (same-shape tensors, e.g. a BatchNorm mean and varia
 """
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import DataError
 
-# framework.proto VarType.Type -> numpy dtype (the types a parameter file holds)
-DTYPES = {0: np.bool_, 2: np.int32, 3: np.int64, 4: np.float16, 5: np.float32, 6: np.float64, 20: np.uint8,
-          21: np.int8}
+
+def read_stream(path: str | Path, spans: bool = False, max_bytes: int | None = None,
+                expect: int | None = None) -> list:
+    """Every tensor of a combined parameter file, in file order (spans=True: (start, end, array) each), through
+    the one checked reader (pipeline/engines/params_file.py): sizes against the file, count against `expect`."""
+    from pipeline.engines import params_file
+
+    recs = params_file.tensors(path, max_bytes, expect)
+    return recs if spans else [r[2] for r in recs]
 
 
-def _tensor_desc():
-    from paddle.base.proto import framework_pb2
-    return framework_pb2.VarType.TensorDesc()
-
-
-def _records(data: bytes):
-    """(start, end, array) of each tensor record in a combined parameter stream."""
-    pos = 0
-    while pos < len(data):
-        start = pos
-        (lod_levels,) = struct.unpack_from("<Q", data, pos + 4)       # after the uint32 version
-        pos += 12
-        for _ in range(lod_levels):                 # LoD offsets: parameters carry none, skip them if present
-            (size,) = struct.unpack_from("<Q", data, pos)
-            pos += 8 + size
-        _tensor_version, desc_size = struct.unpack_from("<Ii", data, pos)
-        pos += 8
-        desc = _tensor_desc()
-        desc.ParseFromString(data[pos:pos + desc_size])
-        pos += desc_size
-        dtype = np.dtype(DTYPES[desc.data_type])
-        shape = [int(d) for d in desc.dims]
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if pos + n > len(data):
-            raise ValueError("truncated")
-        yield start, pos + n, np.frombuffer(data, dtype, count=n // dtype.itemsize, offset=pos).reshape(shape).copy()
-        pos += n
-
-
-def read_stream(path: str | Path, spans: bool = False) -> list:
-    """Every tensor of a combined parameter file, in file order (spans=True: (start, end, array) each)."""
-    data, out = Path(path).read_bytes(), []
-    try:
-        for rec in _records(data):
-            out.append(rec if spans else rec[2])
-    except (struct.error, KeyError, ValueError) as exc:
-        raise DataError(f"{path}: not a combined Paddle parameter file (tensor {len(out)} unreadable: "
-                        f"{type(exc).__name__} {exc})", hint="pass the inference.pdiparams written with the model") \
-            from None
-    return out
-
-
-def bind(path: str | Path, declared: dict[str, tuple[list[int], str]], order: list[str]) -> dict[str, np.ndarray]:
+def bind(path: str | Path, declared: dict[str, tuple[list[int], str]], order: list[str],
+         max_bytes: int | None = None) -> dict[str, np.ndarray]:
     """{name: array} from the file at `path`, its tensors taken in `order` (names of `declared`); each must have
     the declared shape and dtype, and the file must hold exactly one tensor per parameter."""
-    tensors = read_stream(path)
+    tensors = read_stream(path, max_bytes=max_bytes, expect=len(order))
     if len(tensors) != len(order):
         raise DataError(f"{path}: {len(tensors)} tensors for the program's {len(order)} parameters",
                         hint="the .pdiparams does not belong to this inference.json")

@@ -36,7 +36,12 @@ def read(folder: Path) -> dict:
 
 
 def _ops(doc: dict) -> dict:
-    ops = (doc.get("PreProcess") or {}).get("transform_ops") or []
+    pre = doc.get("PreProcess") or {}
+    if not isinstance(pre, dict):
+        raise TypeError(f"PreProcess is a {type(pre).__name__}, not a mapping")
+    ops = pre.get("transform_ops") or []
+    if not isinstance(ops, list):
+        raise TypeError("PreProcess.transform_ops is not a list")
     return {k: (v or {}) for op in ops if isinstance(op, dict) for k, v in op.items()}
 
 
@@ -53,30 +58,78 @@ def charset_lines(chars: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def hints(folder: Path) -> dict:
-    """{dotted config key: value} the yml implies (det: detection.*, rec: data.*), plus 'dictionary' for rec."""
-    doc = read(folder)
-    ops, post = _ops(doc), doc.get("PostProcess") or {}
-    out: dict = {}
+    """{dotted config key: value} the yml implies (det: detection.*, rec: data.*), plus 'dictionary' for rec.
+    A value of the wrong shape or type is one ConfigError naming the file and the key; the values themselves are
+    checked against the config schema where they are used (fill, validate)."""
+    f = Path(folder) / "inference.yml"
+    doc, out, where = read(folder), {}, ["PreProcess"]
+    try:
+        ops, post = _ops(doc), doc.get("PostProcess") or {}
+        if not isinstance(post, dict):
+            where[0] = "PostProcess"
+            raise TypeError(f"a {type(post).__name__}, not a mapping")
+        for key, value in _pairs(ops, post, where):
+            out[key] = value
+    except (KeyError, TypeError, ValueError, OverflowError, IndexError, AttributeError) as exc:
+        raise ConfigError(f"{f}: {where[0]} is not what a PaddleOCR 3 export writes ({type(exc).__name__}: "
+                          f"{str(exc)[:100]})", hint="fix or remove inference.yml, or set the keys in the config") \
+            from None
+    return out
+
+
+def _pairs(ops: dict, post: dict, where: list):
+    """(dotted key, value) the yml implies, one at a time; where[0] names the part being read (for the error)."""
+    where[0] = "PreProcess.DetResizeForTest"
     if "DetResizeForTest" in ops:
         r = ops["DetResizeForTest"]
         side = r.get("resize_long") or r.get("limit_side_len")
         if side:
-            out.update({"detection.resize": "limit", "detection.limit_side_len": int(side),   # resize_long: the
-                        "detection.limit_type": "resize_long" if "resize_long" in r    # long side becomes it,
-                        else r.get("limit_type", "min")})                              # up or down (PaddleOCR)
+            yield "detection.limit_side_len", int(side)
+            yield "detection.resize", "limit"                   # resize_long: the long side becomes it, up or down
+            yield "detection.limit_type", "resize_long" if "resize_long" in r else r.get("limit_type", "min")
+    where[0] = "PreProcess.NormalizeImage"
     norm = ops.get("NormalizeImage")
     if norm:
-        out.update({"detection.mean": [float(v) for v in norm["mean"]], "detection.std": [float(v) for v in norm["std"]]})
+        yield "detection.mean", [float(v) for v in norm["mean"]]
+        yield "detection.std", [float(v) for v in norm["std"]]
+    where[0] = "PostProcess"
     if post.get("name") == "DBPostProcess":
-        out.update({f"detection.{k}": post[k] for k in ("thresh", "box_thresh", "unclip_ratio", "max_candidates")
-                    if k in post})
+        for k in ("thresh", "box_thresh", "unclip_ratio", "max_candidates"):
+            if k in post:
+                yield f"detection.{k}", post[k]
+    where[0] = "PreProcess.RecResizeImg"
     if "RecResizeImg" in ops:
-        c, h, w = ops["RecResizeImg"]["image_shape"]
-        out.update({"data.channels": int(c), "data.height": int(h), "data.width": int(w), "data.preprocess": "ppocr"})
+        shape = ops["RecResizeImg"]["image_shape"]
+        if not isinstance(shape, list) or len(shape) != 3:
+            raise ValueError(f"image_shape must be [channels, height, width], got {str(shape)[:40]}")
+        c, h, w = (int(v) for v in shape)
+        yield from (("data.channels", c), ("data.height", h), ("data.width", w), ("data.preprocess", "ppocr"))
+    where[0] = "PostProcess"
     if post.get("name") == "CTCLabelDecode" and isinstance(post.get("character_dict"), list):
-        out["dictionary"] = [str(c) for c in post["character_dict"]]
-        out["data.use_space_char"] = True          # PaddleOCR's rec default: dictionary + space + blank classes
-    return out
+        yield "dictionary", [str(c) for c in post["character_dict"]]
+        yield "data.use_space_char", True          # PaddleOCR's rec default: dictionary + space + blank classes
+
+
+def validate(folder: Path, filled: dict) -> None:
+    """Each value the yml filled in ({dotted key: value}), through its config key's schema (type, range, shape)
+    and the bounds every number key has: a value the schema refuses is one ConfigError naming the key."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from pipeline.core.config import Config, bounded_number
+
+    for key, value in filled.items():
+        sec, name = key.split(".", 1)
+        field = Config.model_fields[sec].annotation.model_fields.get(name)
+        try:
+            if field is not None:
+                TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+            bounded_number(name, value)
+        except (ValidationError, ValueError) as exc:
+            msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            raise ConfigError(f"{Path(folder) / 'inference.yml'} gives {key}={value!r}: {msg[:160]}",
+                              hint=f"set {key} in the config (it then wins over inference.yml)") from None
 
 
 # what the weights were trained with: a different value reads garbage. The resize rule and the DB thresholds are
@@ -115,10 +168,11 @@ def fill(folder: Path, sections: dict, user_keys) -> dict:
         filled[key] = value
     side = filled.get("detection.limit_side_len")
     if side:
-        page = max(32, int(side) // 32 * 32)
+        page = max(32, min(int(side), 1 << 16) // 32 * 32)
         for name in ("height", "width"):
             if f"data.{name}" not in user_keys:
-                sections["data"][name] = filled[f"data.{name}"] = page
+                sections.setdefault("data", {})[name] = filled[f"data.{name}"] = page
+    validate(folder, filled)
     return filled
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -127,14 +129,52 @@ def current(folder: Path) -> Path | None:
     return path if name and path.is_dir() else None
 
 
+MAX_META_BYTES = 16 << 20      # meta.json holds the epochs' history: a few KB per epoch
+_PART_FILE = re.compile(r"[A-Za-z0-9_]+\.pdparams")
+
+
 def read_meta(folder: Path) -> dict | None:
+    """The current checkpoint's meta.json; None if there is none or it is not one we wrote (damaged, tampered:
+    a warning line, and training starts over)."""
     path = current(folder)
     if path is None:
         return None
     try:
-        return json.loads((path / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        f = path / "meta.json"
+        if f.stat().st_size > MAX_META_BYTES:
+            raise ValueError(f"{f.stat().st_size} bytes, over {MAX_META_BYTES}")
+        meta = json.loads(f.read_bytes().decode("utf-8"))
+        _check_meta(meta)
+        return meta
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        log.warning("[train] checkpoint %s/meta.json is damaged (%s); starting over", path,
+                    str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__)
+        return None
+
+
+def _check_meta(meta) -> None:
+    """What save() writes: raises ValueError naming the first key that is not."""
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    files, aliases = meta.get("files"), meta.get("aliases", {})
+    if not isinstance(files, dict) or not isinstance(aliases, dict):
+        raise ValueError("'files' or 'aliases' is not an object")
+    for part, rec in files.items():
+        if not (isinstance(rec, dict) and isinstance(rec.get("file"), str) and _PART_FILE.fullmatch(rec["file"])
+                and isinstance(rec.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", rec["sha256"])):
+            raise ValueError(f"files.{str(part)[:40]} is not a part file name with its sha256")
+    for part, target in aliases.items():
+        if target not in files:
+            raise ValueError(f"aliases.{str(part)[:40]} names no saved part")
+    for k in ("epoch", "best_epoch"):
+        if k in meta and (type(meta[k]) is not int or not 0 <= meta[k] < 1 << 31):
+            raise ValueError(f"'{k}' is not an epoch number")
+    if "history" in meta and not isinstance(meta["history"], list):
+        raise ValueError("'history' is not a list")
+    if "best" in meta and (type(meta["best"]) not in (int, float) or not math.isfinite(meta["best"])):
+        raise ValueError("'best' is not a finite number")
 
 
 def _tensors(obj, paddle):

@@ -59,7 +59,8 @@ def import_model(ctx) -> StageResult:
     paddle.set_device("cpu")
     pir = None
     if cfg.model.source == "pir":                # a Paddle 3 export: translated first, then imported as any program
-        prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir, {"data": data_cfg, "detection": det_cfg})
+        prefix, pir = imported.translate_pir(cfg.model.path, ctx.out_dir, {"data": data_cfg, "detection": det_cfg},
+                                              model_cfg=cfg.model)
     else:
         prefix = imported.resolve_prefix(cfg.model.path, max_bytes=cfg.model.max_file_bytes)
     ds = task.load_data(data_cfg, cfg.seed)

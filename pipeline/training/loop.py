@@ -25,7 +25,7 @@ from pipeline.training import amp, checkpoint
 from pipeline.core import console, resources
 from pipeline.core.artifacts import atomic_write_text
 from pipeline.training.distributed import world
-from pipeline.core.errors import ConfigError, NonFiniteError
+from pipeline.core.errors import ConfigError, IntegrityError, NonFiniteError
 from pipeline.data.preprocess import to_tensor
 
 log = logging.getLogger("pipeline")
@@ -245,12 +245,18 @@ def _resume_state(lp: _Loop) -> tuple[_Progress, bool]:
     if not resumed:
         return _Progress(), False
     states, meta = resumed
-    amp.load_state(lp.model, states["model"])       # fp32 on disk; cast back to fp16 under O2
-    lp.opt.set_state_dict(states["optimizer"])
-    lp.sched.set_state_dict(states["scheduler"])
-    if lp.scaler is not None and "scaler" in states:
-        lp.scaler.load_state_dict(states["scaler"])
-    prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
+    try:
+        amp.load_state(lp.model, states["model"])       # fp32 on disk; cast back to fp16 under O2
+        lp.opt.set_state_dict(states["optimizer"])
+        lp.sched.set_state_dict(states["scheduler"])
+        if lp.scaler is not None and "scaler" in states:
+            lp.scaler.load_state_dict(states["scaler"])
+        prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, RuntimeError) as exc:
+        # half-applied: the model is neither the checkpoint nor a fresh start, so stop (never train on it)
+        raise IntegrityError(f"train: checkpoint {checkpoint.current(ckpt_dir)} does not fit this model "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})",
+                             hint="delete that checkpoint folder, or run with --force to train from scratch") from None
     log.info("[train] resuming after epoch %d/%d from %s", prog.start_epoch, tr.epochs, checkpoint.current(ckpt_dir))
     return prog, True
 
