@@ -10,6 +10,13 @@ from pathlib import Path
 
 
 def register(sub, config_args, output_args) -> None:
+    _register_bundle_tools(sub, config_args)
+    _register_scale_tools(sub, config_args)
+    _register_nightly_tools(sub, config_args, output_args)
+
+
+def _register_bundle_tools(sub, config_args) -> None:
+    """verify, sign, serve: one bundle on this machine."""
     v = sub.add_parser("verify", help="check a bundle (folder or .tar.gz): signature, hashes, then sample outputs")
     v.add_argument("bundle", type=Path)
     v.add_argument("--key", type=Path, help="public key (PEM) the bundle must be signed with (default: verify.trust_key)")
@@ -37,6 +44,9 @@ def register(sub, config_args, output_args) -> None:
     config_args(s)
     s.set_defaults(func=_serve)
 
+
+def _register_scale_tools(sub, config_args) -> None:
+    """batch (Ray Data) and kserve: a bundle beyond one process."""
     b = sub.add_parser("batch", help="read a folder, glob or manifest of images with a bundle on Ray Data (resumable)")
     b.add_argument("bundle", type=Path)
     b.add_argument("input", help="a folder (recursive), a quoted glob, or a .jsonl/.parquet manifest with a path column")
@@ -59,6 +69,9 @@ def register(sub, config_args, output_args) -> None:
     config_args(k)
     k.set_defaults(func=_kserve)
 
+
+def _register_nightly_tools(sub, config_args, output_args) -> None:
+    """nightly, compare, accept, history, gates: runs against their baseline and limits."""
     n = sub.add_parser("nightly", help="run every stage into a fresh run folder, then compare with the baseline")
     n.add_argument("--baseline", help="run folder to compare with (default: regression.baseline, then accepted)")
     output_args(n)
