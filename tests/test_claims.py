@@ -20,7 +20,10 @@ BUNDLE_PATH = re.compile(r"server/(fp32|fp16|bf16|int8|onnx|openvino)|mobile/|(^
                          r"manifest\.json|MODEL_CARD\.md|expected\.(npz|json)|_fp32\.nb")
 # the run folder's manifest name: core cannot import the bundle package (package order), and a run folder is not a
 # bundle; layout.MANIFEST names the bundle's
-RUN_FOLDER_SPELLINGS = {("pipeline/core/artifacts.py", "manifest.json")}
+RUN_FOLDER_SPELLINGS = {("pipeline/core/artifacts.py", "manifest.json"),
+                        # a run folder may not lie inside a published bundle (issue 47): config recognises one by its
+                        # two marker files; test_bundle_markers_match_the_layout keeps them layout's
+                        ("pipeline/core/config.py", "manifest.json"), ("pipeline/core/config.py", "infer_config.yaml")}
 
 
 def _sources() -> dict[str, ast.Module]:
@@ -116,6 +119,13 @@ def test_makefile_stage_targets_are_catalogue_stages():
 def _bundle_spellings(path: str, tree: ast.Module) -> list[str]:
     return [f"{path}:{line} {text!r}" for line, text in _strings(tree) if BUNDLE_PATH.search(text)
             and not any(path == p and s in text for p, s in RUN_FOLDER_SPELLINGS)]
+
+
+def test_bundle_markers_match_the_layout():
+    from pipeline.bundle import layout
+    from pipeline.core.config import BUNDLE_MARKERS
+
+    assert BUNDLE_MARKERS == (layout.MANIFEST, layout.INFER_CONFIG)
 
 
 def test_bundle_paths_are_spelled_only_in_the_layout_module():

@@ -17,13 +17,13 @@ The files are plain YAML and text; tests validate them against the pinned `kserv
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 import yaml
 
+from pipeline.bundle.format import load_infer_config, read_manifest
 from pipeline.core.errors import PipelineError
 from pipeline.serving.http_common import MAX_PIXELS
 
@@ -79,11 +79,11 @@ def _measure_folder(folder: Path, max_pixels: int) -> dict:
         raise PipelineError(f"kserve: the app does not answer the routes the runtime would declare: {bad}",
                             hint="the probes must answer 200; see pipeline/serving/kserve.py")
     return {"routes": routes, "samples": answered, "peak_rss_mb": resources.peak_record(False)["peak_rss_mb"],
-            "task": task, "name": json.loads((folder / "manifest.json").read_text()).get("name") or folder.name}
+            "task": task, "name": read_manifest(folder).get("name") or folder.name}
 
 
 def _task(folder: Path) -> str:
-    return (yaml.safe_load((folder / "infer_config.yaml").read_text()) or {}).get("task", "")
+    return str(load_infer_config(folder).get("task", ""))   # the bundle reader's limits (issue 47)
 
 
 def _samples(folder: Path, task: str, most: int = 4) -> list[Path]:
