@@ -384,3 +384,30 @@ def test_an_fp32_row_within_the_spread_of_the_reference_does_not_replace_it():
              "part_rounds": [0.9, 0.95, 1.1, 0.97, 0.93, 1.05], "part_s": 5.9}]
     chosen, _ = ch.choose_part("detection", rows, min_speedup=1.1)
     assert chosen["engine"] == "paddle-inference"
+
+
+def test_the_http_rows_precision_comes_from_what_served_it(monkeypatch, tmp_path):
+    """Issue 46: "http /ocr as served" said fp32 while bf16 served. Requested: the parts the system stage chose
+    (chain.served); effective: what the engines the HTTP service loaded ran."""
+    from pipeline.core.config import load_config
+    from pipeline.evaluation.http_rows import ocr_http_row
+    from pipeline.evaluation.system_rows import Chain
+
+    lines = [[{"text": "a"}]]
+    parts = {"detection": {"engine": "openvino", "precision": "bf16"},
+             "recognition": {"engine": "paddle-inference", "precision": "fp32"}}
+    monkeypatch.setattr("pipeline.serving.app.http_ocr_gate", lambda folder, pages, threads=0: {
+        "lines": lines, "latency_ms": {"p50": 1.0}, "parts": parts})
+    monkeypatch.setattr("pipeline.ocr.system_metrics.agreement", lambda a, b: 1.0)
+    subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
+    chain = Chain(pages={"images": [np.zeros((8, 8, 3), np.uint8)]}, keys={}, spec=None, ref={}, lines=lines,
+                  subs=subs, served={"detection": {"engine": "openvino", "precision": "bf16"},
+                                     "recognition": {"engine": "paddle-inference", "precision": "fp32"}})
+    chain.row_lines[ch.SERVED] = lines
+    ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
+    g = ocr_http_row(ctx, tmp_path, chain, 1)
+    assert (g.precision_requested, g.precision_effective, g.status) == ("bf16/fp32", "bf16/fp32", OK)
+    assert g.extra["parts"] == parts
+    parts["detection"]["precision"] = "fp32"        # an engine that fell back to fp32 says so
+    g = ocr_http_row(ctx, tmp_path, chain, 1)
+    assert (g.precision_requested, g.precision_effective) == ("bf16/fp32", "fp32")
