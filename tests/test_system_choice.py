@@ -2,7 +2,6 @@
 timing on pages of varied shape, the choice (fastest that passes), the fallback when the chosen set fails together,
 and the pin. Stub engines and stub gate rows: no model runs here."""
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -4,8 +4,10 @@ module holds the plain parts: which rows compete, the timing loop, the choice).
 A part's own recommendation is measured on its validation inputs, one fixed shape: Paddle Inference, which pays
 for every new input shape, wins there, while every real page is a new shape (issue 29: the detector's Paddle
 int8 was 3.34x its fp32 on 736x736 maps and 0.57 pages/s on the real images, OpenVINO fp32 1.52). So each part's
-rows that passed in its bundle are timed again inside the system, on pages of varied shapes, interleaved, and the
-fastest whose lines pass the system gates is served (docs/serving_choice.md).
+rows that passed in its bundle are timed again inside the system, on pages of varied shapes, interleaved, each on a
+fresh engine warmed alike; of the rows whose lines pass the system gates, a low-precision one is served only when
+clearly beyond the fastest fp32 (server.recommend.min_speedup and the round-to-round spread: the nightly's A/B rule,
+pipeline/core/ab_rule.py), else the fastest fp32 (docs/serving_choice.md).
 """
 from __future__ import annotations
 

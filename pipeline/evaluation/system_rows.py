@@ -77,7 +77,8 @@ def pair_row(chain: Chain, subject: str, prec: str, make, drop: float, batch: in
         det, rec, cls = engine_set(make, chain.subs)
         lines = read_pages(list(chain.pages["images"]), det, rec, chain.spec, batch=batch, cls=cls)
         chain.row_lines[subject] = lines
-        return system_row(subject, prec, effective_label(det, rec, cls), lines, chain.pages, chain.keys, chain.ref, chain.lines, drop)
+        return system_row(subject, prec, effective_label(det, rec, cls), lines, chain.pages, chain.keys, chain.ref,
+                          chain.lines, drop)
 
     t0 = time.perf_counter()
     g = run_row("system", subject, prec, METRIC, read, chain.evidence)
