@@ -410,3 +410,24 @@ def test_the_http_rows_precision_comes_from_what_served_it(monkeypatch, tmp_path
     parts["detection"]["precision"] = "fp32"        # an engine that fell back to fp32 says so
     g = ocr_http_row(ctx, tmp_path, chain, 1)
     assert (g.precision_requested, g.precision_effective) == ("bf16/fp32", "fp32")
+
+
+def test_a_part_that_never_ran_on_the_timing_pages_serves_its_reference():
+    rows = [{"engine": "paddle-inference", "precision": "fp32", "passed": True, "lines_kept": 1.0, "part_s": 0.0,
+             "part_rounds": [0.0] * 6, "chain_s": 1.0},
+            {"engine": "onnxruntime", "precision": "int8", "passed": True, "lines_kept": 1.0, "part_s": 0.0,
+             "part_rounds": [0.0] * 6, "chain_s": 1.0}]
+    chosen, out = ch.choose_part("recognition", rows, min_speedup=1.1)
+    assert (chosen["engine"], chosen["precision"]) == ch.FP32_REF and "not timed" in chosen["detail"]
+    assert [r["verdict"] for r in out] == ["chosen", "not timed"]
+    assert "1.00x" in ch.why_chosen("recognition", chosen, 24, "onnxruntime int8")
+
+
+def test_timing_pages_stay_within_a_moderate_stretch_and_keep_warm_up_pages_apart():
+    pages = [np.full((100, 100, 3), i, np.uint8) for i in range(30)]
+    rounds, warm = ch.timing_pages(pages)
+    timed = [p for r in rounds for p in r]
+    assert len(timed) == ch.TIMING_PAGES * ch.ROUNDS >= 16 and len({p.shape for p in timed}) == len(timed)
+    assert max(max(p.shape[:2]) for p in timed) <= 160
+    assert [int(p[0, 0, 0]) for p in warm] == [28, 29] and all(p.shape == (100, 100, 3) for p in warm)
+    assert {int(p[0, 0, 0]) for p in timed} == set(range(24))      # each round on pages of its own
