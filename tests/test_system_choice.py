@@ -431,3 +431,9 @@ def test_timing_pages_stay_within_a_moderate_stretch_and_keep_warm_up_pages_apar
     assert max(max(p.shape[:2]) for p in timed) <= 160
     assert [int(p[0, 0, 0]) for p in warm] == [28, 29] and all(p.shape == (100, 100, 3) for p in warm)
     assert {int(p[0, 0, 0]) for p in timed} == set(range(24))      # each round on pages of its own
+
+
+def test_few_pages_are_all_timed():
+    pages = [np.full((100, 100, 3), i, np.uint8) for i in range(3)]
+    rounds, warm = ch.timing_pages(pages)
+    assert {int(p[0, 0, 0]) for r in rounds for p in r} == {0, 1, 2} and len(warm) == 2

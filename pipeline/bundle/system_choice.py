@@ -142,9 +142,11 @@ def varied_pages(pages: list[np.ndarray], n: int = TIMING_PAGES, rounds: int = R
 
 def timing_pages(pages: list[np.ndarray]) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
     """(timed rounds, warm-up pages): the warm-up pages are the last real pages, unstretched (a shape the timed
-    set never has), the timed ones the pages before them, stretched (varied_pages)."""
-    keep = max(len(pages) - WARMUP_PAGES, 1)
-    return varied_pages(list(pages[:keep])), list(pages[-WARMUP_PAGES:])
+    set never has); the timed ones the pages before them, stretched (varied_pages), or every page when fewer than
+    the loop needs remain (the smoke system has 3 pages: its recogniser never ran on the first one alone)."""
+    rest = len(pages) - WARMUP_PAGES
+    timed = pages[:rest] if rest >= TIMING_PAGES * ROUNDS else pages
+    return varied_pages(list(timed)), list(pages[-WARMUP_PAGES:])
 
 
 def time_sets(sets: dict, rounds_pages: list[list[np.ndarray]], read, warmup=None) -> dict:
