@@ -61,7 +61,8 @@ def _close(chain: Chain, tag: str) -> None:
 
 
 def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
-    """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
+    """Parts not pinned: every candidate judged, the passing ones timed (one loop per part, fresh engines), each
+    part's row chosen by the rule (choose_part: min_speedup beyond the round-to-round spread, else fp32)."""
     from pipeline.bundle.format import load_infer_config
     from pipeline.bundle.system_choice import choose_part, not_admitted, part_candidates
 
