@@ -189,3 +189,20 @@ def test_every_task_probe_names_a_declared_hook():
                 probes.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.args[1].value))
     assert probes, "the reader found no probe at all: it is broken"
     assert not [p for p in probes if p[1] not in declared], probes
+
+
+def test_gates_evaluation_and_stages_ask_declared_hooks_without_probing():
+    """Issue 46: where rows are gated (pipeline/core/gates.py, pipeline/evaluation/, stages/), a task's hooks are
+    called as declared (required ones directly, optional ones through `provides`): no hasattr(task, ...) probe."""
+    import ast
+
+    files = [ROOT / "pipeline" / "core" / "gates.py", *(ROOT / "pipeline" / "evaluation").glob("*.py"),
+             *(ROOT / "stages").glob("*.py")]
+    probes = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+                    and node.args and isinstance(node.args[0], (ast.Name, ast.Attribute))
+                    and (getattr(node.args[0], "id", None) == "task" or getattr(node.args[0], "attr", None) == "task")):
+                probes.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(files) > 10 and not probes, probes

@@ -151,7 +151,9 @@ def test_failed_lite_x86_row_keeps_its_failure_reason(monkeypatch):
 
     ref_out = np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
     outputs = {"far": ref_out + 0.5, "same": ref_out.copy()}
-    task = SimpleNamespace(primary_metric="accuracy", metrics=lambda out, labels: {"accuracy": 1.0})
+    from pipeline.tasks.classification import ClassificationTask
+
+    task = ClassificationTask()          # a real task: gates ask its declared hooks, never probe for them
     ref = SimpleNamespace(task=task, info={"input_shape": [1, 2]}, inputs=ref_out, labels=np.array([1, 0]),
                           outputs=ref_out, metric=1.0)
     tol = SimpleNamespace(atol=0.01, rtol=0.0, metric_delta=0.01, min_agreement=None)

@@ -73,3 +73,19 @@ def test_parts_run_elsewhere_in_order_and_a_failed_part_stops_the_system(tmp_pat
     calls.clear()
     assert run_system(cfg, ["all"], False, here, part(3)) == 3
     assert calls == [("part", "detection", calls[0][2])]
+
+
+def test_opencv_threads_follow_the_engines_and_zero_means_all_cores():
+    """Issue 46: OpenCV kept its own pool while the label said "1 thread"; threads 0 is "all cores" in the config,
+    while cv2.setNumThreads(0) would turn OpenCV's threading off."""
+    import cv2
+
+    from pipeline.core.env import cpu_count
+    from pipeline.ocr.system import set_opencv_threads
+
+    before = cv2.getNumThreads()
+    try:
+        assert set_opencv_threads(1) == 1 and cv2.getNumThreads() == 1
+        assert set_opencv_threads(0) == cpu_count() and cv2.getNumThreads() == cpu_count()
+    finally:
+        cv2.setNumThreads(before)

@@ -288,3 +288,41 @@ def test_openvino_bf16_row_writes_the_ir_it_is_gated_on(tmp_path, monkeypatch):
         onnx_rows.openvino_bf16_row(ctx, SimpleNamespace(primary_metric="accuracy"), _tiny_onnx(tmp_path / "m.onnx"), ())
         assert made[-1] == ("openvino", out / "openvino" / "model_bf16.xml", "bf16")
         assert (out / "openvino" / "model_bf16.xml").is_file() and (out / "openvino" / "model_bf16.bin").is_file()
+
+
+def test_every_low_precision_rows_speed_baseline_is_a_fresh_fp32_engine_of_its_kind(monkeypatch):
+    """Issue 46: the Paddle bf16 row was timed against the tuned fp32 engine (its own threads and ir_optim per
+    profile) while int8 and OpenVINO bf16 rows were timed against a fresh engine with their settings; every row now
+    compares with a fresh fp32 engine of its kind with the same threads and options, and its `how` says so."""
+    import pipeline.evaluation.paddle_rows as pr
+    from pipeline.engines import paddle_infer as pi
+    from pipeline.evaluation import timing
+
+    made, seen = [], {}
+
+    class Engine:
+        def __init__(self, prefix, precision="fp32", **kw):
+            self.precision, self.kw, self.notes = precision, kw, []
+            made.append(self)
+
+    monkeypatch.setattr(pi, "InferenceEngine", Engine)
+    monkeypatch.setattr(pi, "bf16_status", lambda: (True, "avx512_bf16"))
+    monkeypatch.setattr(pr, "engine_row", lambda ctx, task, prec, eng, *a: SimpleNamespace(
+        status="OK", subject=f"paddle-inference {prec}", precision_requested=prec, extra={}))
+    monkeypatch.setattr(pr, "note_speed_vs_fp32", lambda ctx, gate, low, fp32, x: seen.update(low=low, fp32=fp32))
+    ctx = SimpleNamespace(cfg=load_config([], []))
+    ref = SimpleNamespace(task=SimpleNamespace(primary_metric="accuracy"), model_prefix="m", inputs=None,
+                          outputs=None, labels=None, metric=None)
+    common = dict(threads=3, mkldnn=True, ir_optim=True)
+    tuned = object()
+    pr._paddle_row(ctx, ref, "bf16", 0.1, None, "cpu", common, {}, {}, {"paddle-inference": tuned})
+    assert seen["fp32"] is not tuned and seen["fp32"].precision == "fp32" and seen["fp32"].kw == common
+    assert seen["low"].precision == "bf16" and {k: seen["low"].kw[k] for k in common} == common
+
+    monkeypatch.setattr("pipeline.engines.registry.rank", lambda engines, x, **kw: [
+        {"engine": k, "latency_ms": {"p50": 2.0 if k == "fp32" else 1.0}, "throughput_sps": 10.0} for k in engines])
+    sp = timing.speed_vs_fp32(None, None, None, batch=4, warmup=1, repeats=1, rounds=3, label="bf16",
+                              kind="openvino")
+    assert sp["batch1"] == 2.0
+    assert sp["how"] == ("interleaved, 3 rounds; baseline: a fresh openvino fp32 engine with the same threads and "
+                         "options")

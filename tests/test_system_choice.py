@@ -2,7 +2,6 @@
 timing on pages of varied shape, the choice (fastest that passes), the fallback when the chosen set fails together,
 and the pin. Stub engines and stub gate rows: no model runs here."""
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,18 +145,50 @@ def test_fallbacks_put_the_smallest_gain_back_on_fp32_first():
     assert tries[2]["detection"] == ("openvino", "fp32") and len(tries) == 3
 
 
-def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
+class _FakeClock:
+    """The timing loop's clock (system_choice.clock): advanced only by the fake engines' calls."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _FakeEngine:
+    """One part's engine: each call costs `cost` fake seconds times (1 + noise drawn from rng)."""
+
+    def __init__(self, key, cost, clock, rng, noise):
+        self.key, self.cost, self.clock, self.rng, self.noise = key, cost, clock, rng, noise
+        self.calls, self.closed, self.effective_precision = 0, False, key[2]
+
+    def run(self, x):
+        assert not self.closed
+        self.calls += 1
+        self.clock.now += self.cost * (1.0 + self.rng.uniform(-self.noise, self.noise))
+        return x
+
+    def close(self):
+        self.closed = True
+
+
+PART_S = {("paddle-inference", "fp32"): 4.0, ("openvino", "fp32"): 2.0, ("openvino", "bf16"): 1.0,
+          ("paddle-inference", "int8"): 0.5, ("onnxruntime", "fp32"): 3.0}
+
+
+def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None, part_s: dict | None = None, noise=0.0,
+                seed=0):
     """The system stage's choice (pipeline/evaluation/system_serving.py) with stub gate rows (kept(combo) -> lines
-    kept) and stub timings (per row)."""
+    kept) and its real timing loop on fake engines (part_s: fake seconds per call of each (engine, precision), with
+    per-call noise) under a fake clock."""
     import pipeline.evaluation.system_serving as st
     from pipeline.evaluation.system_rows import Chain
     from pipeline.core.config import load_config
 
+    part_s = {**PART_S, **(part_s or {})}
     subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
     cands = {"detection": [ch.FP32_REF, ("openvino", "fp32"), ("openvino", "bf16"), ("paddle-inference", "int8")],
              "recognition": [ch.FP32_REF, ("openvino", "fp32")]}
-    part_s = {("paddle-inference", "fp32"): 4.0, ("openvino", "fp32"): 2.0, ("openvino", "bf16"): 1.0,
-              ("paddle-inference", "int8"): 0.5, ("onnxruntime", "fp32"): 3.0}
     monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg: cands[sub.name[:3]
                         .replace("det", "detection").replace("rec", "recognition")])
     monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
@@ -166,10 +197,25 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
              "why": "pinned"} if pin and r in pin else
             {"engine": "paddle-inference", "precision": "int8", "by": "recommendation", "why": "3.3x"}) for r in s})
     monkeypatch.setattr("pipeline.bundle.system.measured_on", lambda sub: None)
-    tried = []
+    clock, rng, loaded, tried = _FakeClock(), np.random.default_rng(seed), [], []
+    monkeypatch.setattr(ch, "clock", clock)
+
+    def chain_engine(chain, role, kind, prec, threads, tag=""):
+        key = (role, kind, prec, tag)
+        if key not in chain.engines:
+            chain.engines[key] = _FakeEngine(key, part_s[(kind, prec)], clock, rng, noise)
+            loaded.append(chain.engines[key])
+        return chain.engines[key]
+
+    def read_pages(pages, det, rec, spec, cls=None, batch=None):
+        for p in pages:
+            det.run(p)
+            rec.run(p)
 
     def combo_row(ctx, chain, subject, combo, threads):
         tried.append((subject, dict(combo)))
+        for r in chain.subs:            # as the real row: the gate pages go through the chain's shared engines
+            chain_engine(chain, r, *combo[r], threads).run(None)
         k = kept(combo)
         g = Gate("system", subject, "x", "x", "line_accuracy", value=1.0, status=OK if k >= 0.95 else FAIL,
                  checks=[Check("lines_same_as_fp32_chain", k, 0.95, ">=", k >= 0.95)])
@@ -177,17 +223,14 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None):
         g.reason = "" if k >= 0.95 else "lines_same_as_fp32_chain"
         return g
 
-    def time_sets(chain, combos, threads, start=0):
-        out = {"fp32 chain": {"seconds": 10.0, "parts": {r: part_s[ch.FP32_REF] for r in subs}}}
-        for k, c in combos.items():
-            out[k] = {"seconds": 6.0 + sum(part_s[c[r]] for r in subs), "parts": {r: part_s[c[r]] for r in subs}}
-        return out
-
     monkeypatch.setattr(st, "combo_row", combo_row)
-    monkeypatch.setattr(st, "time_combos", time_sets)
-    chain = Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs=subs)
+    monkeypatch.setattr(st, "chain_engine", chain_engine)
+    monkeypatch.setattr("pipeline.ocr.system.read_pages", read_pages)
+    pages = {"images": [np.full((40 + i, 60, 3), i, np.uint8) for i in range(30)]}
+    chain = Chain(pages=pages, keys={}, spec=None, ref={}, lines=[], subs=subs)
     ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
     gates = st.served_rows(ctx, chain, 1)
+    chain.loaded = loaded
     return chain, gates, tried
 
 
@@ -264,3 +307,133 @@ def test_a_system_rows_budget_below_one_field_of_its_pages_is_one_field(monkeypa
         g = st.system_row("lite x86 fp32", "fp32", "fp32", [], {}, {}, ref=ref, ref_lines=[], drop=budget)
         assert g.status == status, (got, budget, g.reason)
         assert ("one sample allowed" in g.checks[1].detail) == (budget > 0)
+
+
+def _timed_engines(chain):
+    """The engines loaded for the timing loops (tag "timing ..."), each read the same warm-up pages first."""
+    return [e for e in chain.loaded if str(e.key[3]).startswith("timing")]
+
+
+def test_every_timed_set_starts_fresh_and_is_warmed_alike_and_closed(monkeypatch, tmp_path):
+    chain, _, tried = _stub_stage(monkeypatch, tmp_path, _int8_loses)
+    timed = _timed_engines(chain)
+    # the gate rows ran on the chain's shared engines (tag ""); not one of them is timed
+    assert tried and all(e.key[3] == "" for e in chain.loaded if e not in timed)
+    # per part: a fresh engine of the timed role for every set (the fp32 chain included), one shared fresh engine
+    # for each other part; the loop of the served set again fresh: every call of every timed engine is 2 warm-up
+    # pages + 24 timed pages, whichever set it is in (shared ones: once per set)
+    det_loop = [e for e in timed if e.key[0] == "detection" and e.key[3] != "timing"]
+    assert {e.key[1:3] for e in det_loop} >= {("paddle-inference", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")}
+    per_page = ch.WARMUP_PAGES + ch.TIMING_PAGES * ch.ROUNDS
+    assert ch.TIMING_PAGES * ch.ROUNDS >= 16
+    assert {e.calls for e in timed if e.key[3] != "timing"} == {per_page}
+    assert all(e.closed for e in chain.loaded) and chain.engines == {}
+
+
+def _served(chain):
+    return {r: (p["engine"], p["precision"]) for r, p in chain.served.items()}
+
+
+@pytest.mark.parametrize("bf16_s, want", [(1.9, ("openvino", "fp32")), (1.2, ("openvino", "bf16"))])
+def test_two_runs_on_one_machine_serve_the_same_parts(monkeypatch, tmp_path, bf16_s, want):
+    """Per-call noise of +-15 % differs between the two runs: a bf16 row 1.05x the fastest fp32 (within
+    min_speedup 1.10) keeps fp32 both times; one 1.67x beyond min_speedup and the spread serves both times, and
+    records its speedup and spread."""
+    got = []
+    for seed in (1, 2):
+        chain, gates, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses, part_s={("openvino", "bf16"): bf16_s},
+                                      noise=0.15, seed=seed)
+        got.append(_served(chain))
+        det = chain.served["detection"]
+        assert (det["engine"], det["precision"]) == want
+        if want[1] == "bf16":
+            assert det["speedup_vs_fastest_fp32"] >= det["min_speedup"] == 1.10
+            assert det["spread"]["p10"] > 1.0 and det["spread"]["rounds"] == ch.ROUNDS
+            assert "p10-p90" in det["why"]
+        else:
+            bf16 = next(c for c in det["candidates"] if c["precision"] == "bf16")
+            assert bf16["verdict"] == "not faster" and bf16["vs_fastest_fp32"]["median"] < 1.10
+    assert got[0] == got[1]
+
+
+def test_a_median_beyond_min_speedup_inside_the_spread_keeps_fp32():
+    """The nightly's A/B rule (pipeline/core/ab_rule.py): median 1.3x, but one round of six so much slower than fp32
+    that the 10th percentile of the per-round ratios is <= 1: not served; with every round faster it is."""
+    def rows(bf16_rounds):
+        return [{"engine": "paddle-inference", "precision": "fp32", "passed": True, "lines_kept": 1.0,
+                 "part_rounds": [1.0] * 6, "part_s": 6.0},
+                {"engine": "openvino", "precision": "bf16", "passed": True, "lines_kept": 1.0,
+                 "part_rounds": bf16_rounds, "part_s": sum(bf16_rounds)}]
+
+    slow_once = [1 / 1.3] * 5 + [1 / 0.6]
+    chosen, out = ch.choose_part("detection", rows(slow_once), min_speedup=1.1)
+    assert chosen["precision"] == "fp32" and out[1]["verdict"] == "not faster"
+    assert out[1]["vs_fastest_fp32"]["median"] == pytest.approx(1.3) and out[1]["vs_fastest_fp32"]["p10"] <= 1.0
+    chosen, _ = ch.choose_part("detection", rows([1 / 1.3] * 5 + [1 / 1.15]), min_speedup=1.1)
+    assert chosen["precision"] == "bf16" and chosen["spread"]["p10"] > 1.0
+    # and below min_speedup in every round: fp32
+    chosen, _ = ch.choose_part("detection", rows([1 / 1.05] * 6), min_speedup=1.1)
+    assert chosen["precision"] == "fp32"
+
+
+def test_an_fp32_row_within_the_spread_of_the_reference_does_not_replace_it():
+    rows = [{"engine": "paddle-inference", "precision": "fp32", "passed": True, "lines_kept": 1.0,
+             "part_rounds": [1.0] * 6, "part_s": 6.0},
+            {"engine": "onnxruntime", "precision": "fp32", "passed": True, "lines_kept": 1.0,
+             "part_rounds": [0.9, 0.95, 1.1, 0.97, 0.93, 1.05], "part_s": 5.9}]
+    chosen, _ = ch.choose_part("detection", rows, min_speedup=1.1)
+    assert chosen["engine"] == "paddle-inference"
+
+
+def test_the_http_rows_precision_comes_from_what_served_it(monkeypatch, tmp_path):
+    """Issue 46: "http /ocr as served" said fp32 while bf16 served. Requested: the parts the system stage chose
+    (chain.served); effective: what the engines the HTTP service loaded ran."""
+    from pipeline.core.config import load_config
+    from pipeline.evaluation.http_rows import ocr_http_row
+    from pipeline.evaluation.system_rows import Chain
+
+    lines = [[{"text": "a"}]]
+    parts = {"detection": {"engine": "openvino", "precision": "bf16"},
+             "recognition": {"engine": "paddle-inference", "precision": "fp32"}}
+    monkeypatch.setattr("pipeline.serving.app.http_ocr_gate", lambda folder, pages, threads=0: {
+        "lines": lines, "latency_ms": {"p50": 1.0}, "parts": parts})
+    monkeypatch.setattr("pipeline.ocr.system_metrics.agreement", lambda a, b: 1.0)
+    subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
+    chain = Chain(pages={"images": [np.zeros((8, 8, 3), np.uint8)]}, keys={}, spec=None, ref={}, lines=lines,
+                  subs=subs, served={"detection": {"engine": "openvino", "precision": "bf16"},
+                                     "recognition": {"engine": "paddle-inference", "precision": "fp32"}})
+    chain.row_lines[ch.SERVED] = lines
+    ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
+    g = ocr_http_row(ctx, tmp_path, chain, 1)
+    assert (g.precision_requested, g.precision_effective, g.status) == ("bf16/fp32", "bf16/fp32", OK)
+    assert g.extra["parts"] == parts
+    parts["detection"]["precision"] = "fp32"        # an engine that fell back to fp32 says so
+    g = ocr_http_row(ctx, tmp_path, chain, 1)
+    assert (g.precision_requested, g.precision_effective) == ("bf16/fp32", "fp32")
+
+
+def test_a_part_that_never_ran_on_the_timing_pages_serves_its_reference():
+    rows = [{"engine": "paddle-inference", "precision": "fp32", "passed": True, "lines_kept": 1.0, "part_s": 0.0,
+             "part_rounds": [0.0] * 6, "chain_s": 1.0},
+            {"engine": "onnxruntime", "precision": "int8", "passed": True, "lines_kept": 1.0, "part_s": 0.0,
+             "part_rounds": [0.0] * 6, "chain_s": 1.0}]
+    chosen, out = ch.choose_part("recognition", rows, min_speedup=1.1)
+    assert (chosen["engine"], chosen["precision"]) == ch.FP32_REF and "not timed" in chosen["detail"]
+    assert [r["verdict"] for r in out] == ["chosen", "not timed"]
+    assert "1.00x" in ch.why_chosen("recognition", chosen, 24, "onnxruntime int8")
+
+
+def test_timing_pages_stay_within_a_moderate_stretch_and_keep_warm_up_pages_apart():
+    pages = [np.full((100, 100, 3), i, np.uint8) for i in range(30)]
+    rounds, warm = ch.timing_pages(pages)
+    timed = [p for r in rounds for p in r]
+    assert len(timed) == ch.TIMING_PAGES * ch.ROUNDS >= 16 and len({p.shape for p in timed}) == len(timed)
+    assert max(max(p.shape[:2]) for p in timed) <= 160
+    assert [int(p[0, 0, 0]) for p in warm] == [28, 29] and all(p.shape == (100, 100, 3) for p in warm)
+    assert {int(p[0, 0, 0]) for p in timed} == set(range(24))      # each round on pages of its own
+
+
+def test_few_pages_are_all_timed():
+    pages = [np.full((100, 100, 3), i, np.uint8) for i in range(3)]
+    rounds, warm = ch.timing_pages(pages)
+    assert {int(p[0, 0, 0]) for r in rounds for p in r} == {0, 1, 2} and len(warm) == 2

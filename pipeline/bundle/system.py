@@ -23,7 +23,7 @@ from pipeline.bundle.format import load_infer_config, read_manifest, verify_hash
 from pipeline.data.imagedecode import decode_file
 from pipeline.core.errors import ConfigError, IntegrityError, MissingArtifact
 from pipeline.core.gates import Check
-from pipeline.ocr.system import SystemSpec, read_pages
+from pipeline.ocr.system import SystemSpec, read_pages, set_opencv_threads
 from pipeline.ocr.system_metrics import agreement
 
 VERIFY_MAX_DISAGREEMENT = 0.05     # share of sample lines an engine may read differently from the bundle's record
@@ -157,6 +157,7 @@ def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
     kind = kind or cfg.get("engine", "paddle-inference")
     served = cfg.get("served") or {}
     spec, _, _ = spec_of(folder)
+    set_opencv_threads(threads)
     det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r), subs_of(folder, cfg))
     return det, rec, cls, spec
 
@@ -253,6 +254,7 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     spec, _, _ = spec_of(folder)
     pages, expected, served_lines = _sample_pages(folder)
     threads = threads or cpu_count()
+    set_opencv_threads(threads)
     limit = float(cfg.get("verify", {}).get("max_disagreement", VERIFY_MAX_DISAGREEMENT))
     subs = subs_of(folder, cfg)
     runs = {reference_label(subs): engine_set(lambda r, b: reference_engine(b, threads), subs)}

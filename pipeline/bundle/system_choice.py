@@ -4,8 +4,10 @@ module holds the plain parts: which rows compete, the timing loop, the choice).
 A part's own recommendation is measured on its validation inputs, one fixed shape: Paddle Inference, which pays
 for every new input shape, wins there, while every real page is a new shape (issue 29: the detector's Paddle
 int8 was 3.34x its fp32 on 736x736 maps and 0.57 pages/s on the real images, OpenVINO fp32 1.52). So each part's
-rows that passed in its bundle are timed again inside the system, on pages of varied shapes, interleaved, and the
-fastest whose lines pass the system gates is served (docs/serving_choice.md).
+rows that passed in its bundle are timed again inside the system, on pages of varied shapes, interleaved, each on a
+fresh engine warmed alike; of the rows whose lines pass the system gates, a low-precision one is served only when
+clearly beyond the fastest fp32 (server.recommend.min_speedup and the round-to-round spread: the nightly's A/B rule,
+pipeline/core/ab_rule.py), else the fastest fp32 (docs/serving_choice.md).
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bundle import layout
+from pipeline.core.ab_rule import clearly_beyond, spread
+
+clock = time.perf_counter      # the timing loop's clock (a test drives a fake one)
 
 # the fp32 chain every row is judged and timed against: each part's reference row (pipeline/bundle/reference.py), this
 # one for a Paddle program's bundle; ONNX Runtime fp32 for an imported .onnx
@@ -27,7 +32,8 @@ NOT_FASTER = "not faster"   # a row that passed gates and budget but not min_spe
 # >= 0.95, line and field accuracy), so such rows compete there (docs/serving_choice.md, issue 29).
 OVER_BUDGET = "over budget"
 TIMING_PAGES = 4        # pages per timing round (a cap: every candidate reads each of them once per round)
-ROUNDS = 2
+ROUNDS = 6              # rounds: 24 pages of varied shape, and six per-round ratios for the spread (core/ab_rule.py)
+WARMUP_PAGES = 2        # real pages outside the timed set, read untimed by every set before timing
 MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target for what users read)
 SERVED = "as served (system.engine=auto)"   # the system row that runs what /ocr serves
 
@@ -97,93 +103,154 @@ class Timed:
         return getattr(self.engine, name)
 
     def run(self, x):
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return self.engine.run(x)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self.seconds += clock() - t0
 
     def run_batched(self, x, batch_size):
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return self.engine.run_batched(x, batch_size)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self.seconds += clock() - t0
 
 
-def varied_pages(pages: list[np.ndarray], n: int = TIMING_PAGES, rounds: int = ROUNDS, step: float = 0.09,
+def varied_pages(pages: list[np.ndarray], n: int = TIMING_PAGES, rounds: int = ROUNDS, step: float = 0.05,
                  start: int = 0) -> list:
-    """rounds x n pages, each stretched to its own aspect ratio (width or height, alternately, by 1 + k*step), so no
-    input shape repeats across the timing loop: as real pages, each a new shape for the detector (start: a later
-    loop's first k, so its shapes are new too)."""
+    """rounds x n pages, each round on the next n of `pages` (cycling), each page stretched to its own aspect ratio
+    (the k-th page's width for odd k, height for even k, by 1 + ceil(k/2)*step: 24 pages stay within 1.6x, as the
+    8 pages at 1 + k*0.09 did; stretched further, the built-in detector found no boxes and the recogniser never
+    ran), so no input shape repeats within the timing loop: as real pages, each a new shape for the detector
+    (start: the first k)."""
     import cv2
 
     out, k = [], start
-    for _ in range(rounds):
+    for j in range(rounds):
         row = []
-        for p in pages[:n]:
+        for i in range(n):
+            p = pages[(j * n + i) % len(pages)]
             k += 1
             h, w = p.shape[:2]
-            f = 1.0 + k * step
+            f = 1.0 + (k + 1) // 2 * step
             size = (int(round(w * f)), h) if k % 2 else (w, int(round(h * f)))
             row.append(cv2.resize(p, size, interpolation=cv2.INTER_LINEAR))
         out.append(row)
     return out
 
 
-def time_sets(sets: dict, rounds_pages: list[list[np.ndarray]], read, warmup: np.ndarray | None = None) -> dict:
+def timing_pages(pages: list[np.ndarray]) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    """(timed rounds, warm-up pages): the warm-up pages are the last real pages, unstretched (a shape the timed
+    set never has); the timed ones the pages before them, stretched (varied_pages), or every page when fewer than
+    the loop needs remain (the smoke system has 3 pages: its recogniser never ran on the first one alone)."""
+    rest = len(pages) - WARMUP_PAGES
+    timed = pages[:rest] if rest >= TIMING_PAGES * ROUNDS else pages
+    return varied_pages(list(timed)), list(pages[-WARMUP_PAGES:])
+
+
+def time_sets(sets: dict, rounds_pages: list[list[np.ndarray]], read, warmup=None) -> dict:
     """Interleaved: page by page, every set in a rotating order; sets: label -> {role: engine}; read(page, engines)
-    reads one page. -> label -> {"seconds": the chain's total, "parts": {role: that engine's own seconds}}."""
+    reads one page; warmup: pages (or one page) every set reads untimed first, in the same order. -> label ->
+    {"seconds": the chain's total, "parts": {role: that engine's own seconds}, "part_rounds": {role: [seconds per
+    round]}} (per-round figures: the spread of the ratios, pipeline/core/ab_rule.py)."""
     timed = {k: {r: Timed(e) for r, e in engines.items()} for k, engines in sets.items()}
     labels, total = list(sets), {k: 0.0 for k in sets}
-    if warmup is not None:
+    warm = [] if warmup is None else ([warmup] if isinstance(warmup, np.ndarray) else list(warmup))
+    for page in warm:
         for k in labels:
-            read(warmup, timed[k])
-        for engines in timed.values():
-            for t in engines.values():
-                t.seconds = 0.0
+            read(page, timed[k])
+    per_round = {k: {r: [] for r in timed[k]} for k in labels}
     i = 0
     for pages in rounds_pages:
+        start = {k: {r: t.seconds for r, t in timed[k].items()} for k in labels}
         for page in pages:
             order = labels[i % len(labels):] + labels[:i % len(labels)]
             i += 1
             for k in order:
-                t0 = time.perf_counter()
+                t0 = clock()
                 read(page, timed[k])
-                total[k] += time.perf_counter() - t0
-    return {k: {"seconds": round(total[k], 4), "parts": {r: round(t.seconds, 4) for r, t in timed[k].items()}}
-            for k in labels}
+                total[k] += clock() - t0
+        for k in labels:
+            for r, t in timed[k].items():
+                per_round[k][r].append(round(t.seconds - start[k][r], 5))
+    return {k: {"seconds": round(total[k], 4),
+                "parts": {r: round(sum(per_round[k][r]), 4) for r in timed[k]},
+                "part_rounds": per_round[k]} for k in labels}
 
 
-def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_REF) -> tuple[dict, list[dict]]:
-    """rows: {"engine", "precision", "passed", "detail", "lines_kept", "part_s", "chain_s"} of one part, one of them
-    the fp32 chain's row (ref_pair: the part's reference). The fastest passing row by the part's own seconds wins.
-    -> (chosen row with its speed ratios, every row with a verdict: chosen | slower | failed gate)."""
+def _ratios(base: dict, row: dict) -> list[float]:
+    """Per-round base time / row time of one part (one ratio from the totals when no rounds were kept)."""
+    a, b = base.get("part_rounds"), row.get("part_rounds")
+    if a and b and len(a) == len(b) and all(x > 0 for x in b):
+        return [x / y for x, y in zip(a, b)]
+    return [base["part_s"] / row["part_s"]]
+
+
+def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_REF,
+                min_speedup: float = 1.0) -> tuple[dict, list[dict]]:
+    """rows: {"engine", "precision", "passed", "detail", "lines_kept", "part_s", "part_rounds", "chain_s"} of one
+    part, one of them the fp32 chain's row (ref_pair: the part's reference). The A/B rule (pipeline/core/ab_rule.py)
+    on per-round ratios: the fastest fp32 is the reference unless another fp32 row is clearly faster (median > 1,
+    p10 > 1); a low-precision row is served only when clearly beyond that fastest fp32 (median > min_speedup,
+    p10 > 1), the one with the highest median then; else the fastest fp32 serves. Rows inside the spread never
+    move the choice, so two runs on one machine serve the same rows.
+    -> (chosen row with its speed ratios and spread, every row with a verdict: chosen | slower | not faster |
+    failed gate)."""
     ref = next(r for r in rows if (r["engine"], r["precision"]) == tuple(ref_pair))
     ok = [r for r in rows if r["passed"] and r.get("part_s")]
-    best = min(ok, key=lambda r: r["part_s"])
-    fp32 = min((r for r in ok if r["precision"] == "fp32"), key=lambda r: r["part_s"])
-    out = []
+    if not ref.get("part_s"):
+        return _untimed(ref, rows, ref_pair, min_speedup)
+    vs_ref = {id(r): spread(_ratios(ref, r)) for r in ok if r["precision"] == "fp32" and r is not ref}
+    faster = [r for r in ok if id(r) in vs_ref and clearly_beyond(vs_ref[id(r)].median, vs_ref[id(r)].p10, 1.0)]
+    fp32 = max(faster, key=lambda r: vs_ref[id(r)].median) if faster else ref
+    vs_fp32 = {id(r): spread(_ratios(fp32, r)) for r in ok}
+    low = [r for r in ok if r["precision"] != "fp32"
+           and clearly_beyond(vs_fp32[id(r)].median, vs_fp32[id(r)].p10, min_speedup)]
+    best = max(low, key=lambda r: vs_fp32[id(r)].median) if low else fp32
+    out, ok_ids = [], {id(r) for r in ok}
     for r in rows:
-        v = "chosen" if r is best else ("slower" if r in ok else r.get("verdict") or "failed gate")
+        v = "chosen" if r is best else (r.get("verdict") or ("not timed" if r["passed"] else "failed gate"))
+        if id(r) in ok_ids and r is not best:
+            v = "not faster" if r["precision"] != "fp32" and vs_fp32[id(r)].median > 1.0 else "slower"
         d = {**r, "verdict": v}
         if r.get("part_s"):
             d["speedup_vs_fp32"] = round(ref["part_s"] / r["part_s"], 3)
+        if id(r) in ok_ids:
+            d["vs_fastest_fp32"] = vs_fp32[id(r)].as_dict()
         out.append(d)
+    s = vs_fp32[id(best)]
     chosen = {**best, "speedup_vs_fp32": round(ref["part_s"] / best["part_s"], 3),
-              "speedup_vs_fastest_fp32": round(fp32["part_s"] / best["part_s"], 3),
+              "speedup_vs_fastest_fp32": round(s.median, 3), "spread": s.as_dict(), "min_speedup": min_speedup,
               "chain_speedup_vs_fp32": round(ref["chain_s"] / best["chain_s"], 3) if best.get("chain_s") else None,
               "fastest_fp32": f"{fp32['engine']} fp32", "reference": " ".join(ref_pair)}
     return chosen, out
 
 
+def _untimed(ref: dict, rows: list[dict], ref_pair: tuple[str, str], min_speedup: float) -> tuple[dict, list]:
+    """The part ran for no measurable time on the timing pages (e.g. no box found, so no recognition call): no row
+    can be shown beyond its reference, which serves; the other rows say why they were not chosen."""
+    why = "not timed: the part ran for no measurable time on the timing pages, so its reference serves"
+    out = [{**r, "verdict": "chosen" if r is ref else ("not timed" if r["passed"] else r.get("verdict") or
+                                                      "failed gate")} for r in rows]
+    one = {"median": 1.0, "p10": 1.0, "p90": 1.0, "rounds": 0}
+    chosen = {**ref, "speedup_vs_fp32": 1.0, "speedup_vs_fastest_fp32": 1.0, "spread": one, "min_speedup": min_speedup,
+              "chain_speedup_vs_fp32": None, "fastest_fp32": f"{ref['engine']} fp32", "reference": " ".join(ref_pair),
+              "detail": why}
+    return chosen, out
+
+
 def why_chosen(role: str, chosen: dict, pages: int, recommended: str) -> str:
     """The one-line reason a part serves its row (infer_config served.<part>.why)."""
-    return (f"fastest on the system's pages: {role} {chosen['speedup_vs_fp32']:.2f}x "
+    sp = chosen.get("spread") or {}
+    rule = (f"a low-precision row needs > {chosen.get('min_speedup', 1.0):g}x the fastest fp32 with its per-round "
+            f"p10 > 1")
+    return (f"chosen on the system's pages: {role} {chosen['speedup_vs_fp32']:.2f}x "
             f"{chosen.get('reference', ' '.join(FP32_REF))} "
-            f"({chosen['speedup_vs_fastest_fp32']:.2f}x the fastest fp32, {chosen['fastest_fp32']}; part time "
-            f"interleaved on {pages} pages of varied shape), lines kept {chosen['lines_kept']:.3f} vs the fp32 "
-            f"chain; the bundle recommended {recommended}")
+            f"({chosen['speedup_vs_fastest_fp32']:.2f}x the fastest fp32, {chosen['fastest_fp32']}, p10-p90 "
+            f"{sp.get('p10', 0):.2f}-{sp.get('p90', 0):.2f} over {sp.get('rounds', 1)} rounds; {rule}; part time "
+            f"on fresh engines, interleaved on {pages} pages of varied shape), lines kept {chosen['lines_kept']:.3f} "
+            f"vs the fp32 chain; the bundle recommended {recommended}")
 
 
 def fallbacks(chosen: dict[str, dict]) -> list[dict[str, tuple[str, str]]]:
@@ -203,11 +270,11 @@ def served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> d
     """infer_config served.<role> for a part chosen on the system's pages: what, why, vs what it recommended alone."""
     from pipeline.bundle.system import measured_on
 
-    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "lines_kept", "part_s", "detail")
+    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "vs_fastest_fp32", "lines_kept", "part_s", "detail")
     return {"engine": chosen["engine"], "precision": chosen["precision"], "by": "system pages",
             "why": why_chosen(role, chosen, TIMING_PAGES * ROUNDS, f"{rec['engine']} {rec['precision']}"),
-            **{k: chosen[k] for k in ("speedup_vs_fp32", "speedup_vs_fastest_fp32", "chain_speedup_vs_fp32",
-                                      "lines_kept")},
+            **{k: chosen[k] for k in ("speedup_vs_fp32", "speedup_vs_fastest_fp32", "spread", "min_speedup",
+                                      "chain_speedup_vs_fp32", "lines_kept")},
             "recommended": {k: rec[k] for k in ("engine", "precision", "why") if k in rec},
             "candidates": [{k: x[k] for k in keep if x.get(k) not in (None, "")} for x in rows],
             "model": layout.serving_model(chosen["engine"], chosen["precision"], sub), "measured_on": measured_on(sub)}

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.task_hooks import provides
 
 OK, FAIL, SKIPPED = "OK", "FAIL", "SKIPPED"
 # produced but not executed here (e.g. an ARM .nb on an x86 host): never OK, never a failure
@@ -142,7 +143,7 @@ def count_nonfinite(x: np.ndarray) -> int:
 
 def output_kind(task) -> str:
     """"probabilities" when the model ends in softmax/sigmoid (the task records it), else "logits"."""
-    return getattr(task, "outputs", "logits")
+    return "logits" if task is None else task.outputs       # Task.outputs is declared (default "logits")
 
 
 def parity_limits(kind: str, atol: float | None, rtol: float, prob_atol: float | None) -> tuple:
@@ -291,7 +292,7 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
     text for recognition, boxes for detection), with the elementwise bound of the task's output kind
     (logits: atol/rtol; probabilities: prob_atol, see parity_limits). With labels, a task that reads text
     (task.correct_lost) is also gated on the correctly read lines it loses (tol.max_correct_lost)."""
-    agreement = task.agreement if task is not None and hasattr(task, "agreement") else None
+    agreement = task.agreement if task is not None else None        # a required Task hook
     kind = output_kind(task)
     atol, rtol, suffix = parity_limits(kind, tol.atol, getattr(tol, "rtol", 0.0), getattr(tol, "prob_atol", None))
     if atol is None and tol.metric_delta >= 1.0 and not getattr(tol, "min_agreement", None):
@@ -300,7 +301,7 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
                           hint=f"set {key}.{suffix.split('/')[0]}, a metric_delta below 1 or a min_agreement above 0")
     gate.extra["compared_as"] = kind
     lost = None
-    if labels is not None and hasattr(task, "correct_lost") and len(labels) == len(candidate):
+    if labels is not None and provides(task, "correct_lost") and len(labels) == len(candidate):
         lost = task.correct_lost(candidate, reference, labels)
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
              min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix,
@@ -323,9 +324,9 @@ def judge_try(task, tol, out: np.ndarray, ref_out: np.ndarray, labels: np.ndarra
     ref = task.metrics(ref_out, labels)[m] if with_labels else None
     g = evaluate_tol(Gate("server", f"{precision} try", precision, effective or precision, m, reference=ref), out,
                      ref_out, tol, value, task, key=key, labels=labels if with_labels else None)
-    lost = task.correct_lost(out, ref_out, labels) if with_labels and hasattr(task, "correct_lost") else (None, None)
+    lost = task.correct_lost(out, ref_out, labels) if with_labels and provides(task, "correct_lost") else (None, None)
     share = strict = None
-    if finite and hasattr(task, "agreement"):
+    if finite:
         _, share, strict = task.agreement(out, ref_out, None)
     return {"passed": g.status == OK, "status": g.status, "reason": g.reason, "metric": value, "ref": ref,
             "drop": ref - value if value is not None and ref is not None else None, "lost": lost[0], "of": lost[1],

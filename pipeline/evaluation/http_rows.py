@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.bundle.system_choice import SERVED
 from pipeline.core.gates import FAIL, OK, Check, Gate, evaluate_tol, run_row
-from pipeline.evaluation.system_rows import METRIC, Chain
+from pipeline.evaluation.system_rows import METRIC, Chain, precision_label
 
 log = logging.getLogger("pipeline")
 
@@ -78,19 +78,24 @@ def ocr_http_row(ctx, folder: Path, chain: Chain, threads) -> Gate:
     engine = "served" if auto else ctx.cfg.system.engine
     limit = ctx.cfg.system.gates["http"]
 
+    # requested: what the system stage chose to serve (chain.served); effective: what the loaded engines ran
+    requested = (precision_label(chain.served[r]["precision"] for r in chain.subs) if auto and chain.served
+                 else "fp32")
+
     def serve() -> Gate:
         res = http_ocr_gate(folder, list(pages["images"][:n]), threads=threads)
         diff = 1.0 - agreement(res["lines"], ref_lines[:n])
-        g = Gate("system", subject, "fp32", "fp32", "lines_differing", value=diff,
+        effective = precision_label(res["parts"][r]["precision"] for r in chain.subs if r in res["parts"])
+        g = Gate("system", subject, requested, effective, "lines_differing", value=diff,
                  checks=[Check(f"lines_differing_from_{engine}_chain", diff, limit, "<=",
                                diff <= limit + 1e-12, "system.gates.http")])
         g.status = OK if g.checks[0].passed else FAIL
         g.reason = "" if g.status == OK else g.checks[0].describe()
-        g.extra = {"latency_ms": res["latency_ms"], "requests": n}
+        g.extra = {"latency_ms": res["latency_ms"], "requests": n, "parts": res["parts"]}
         return g
 
     t0 = time.perf_counter()
-    g = run_row("system", subject, "fp32", METRIC, serve, chain.evidence)
+    g = run_row("system", subject, requested, METRIC, serve, chain.evidence)
     g.seconds = round(time.perf_counter() - t0, 2)
     return g
 

@@ -87,7 +87,9 @@ def _paddle_row(ctx, ref, prec: str, tol, calib, device: str, common: dict, info
             eng.notes.append(f"bf16 op types (server.bf16.paddle_ops, chosen on {sc.bf16.chosen_on}): {', '.join(ops)}")
         gate = engine_row(ctx, task, "bf16", eng, *args, "bf16")
         if gate.status != FAIL:
-            note_speed_vs_fp32(ctx, gate, eng, served.get("paddle-inference") or pi.InferenceEngine(prefix, **common), x)
+            # the baseline of every low-precision row: a fresh fp32 engine of its kind with its threads and options
+            # (not the tuned fp32 engine: its threads and ir_optim are chosen per profile)
+            note_speed_vs_fp32(ctx, gate, eng, pi.InferenceEngine(prefix, "fp32", **common), x)
         return gate
     if prec == "int8":
         return _int8_row(ctx, task, prefix, calib, x, ref_out, labels, ref_metric, tol, common)

@@ -15,7 +15,10 @@ def engine_rows(ctx, subs: dict, spec, pages, keys, threads) -> tuple[list[Gate]
     from pipeline.engines import paddle_infer as pi
     from pipeline.bundle.system import LITE_BATCH, lite_engine, lite_shape, model_prefix, paddle_engine
 
+    from pipeline.ocr.system import set_opencv_threads
+
     sc = ctx.cfg.system
+    set_opencv_threads(threads)      # OpenCV's pool with the engines' threads: every row's page steps alike
     fp32, chain = fp32_chain(ctx, subs, spec, pages, keys, threads)
     gates = [fp32]
     for prec in ("fp16", "bf16", "int8"):

@@ -1,6 +1,8 @@
 """What /ocr serves per part, chosen on the system's own pages: pinned parts as pinned, every other part's candidate
-rows judged by the system gates, the passing ones timed interleaved on pages of varied shape, the fastest chosen
-(the rules: pipeline/bundle/system_choice.py); the chosen set is gated together, falling back part by part to fp32."""
+rows judged by the system gates, the passing ones timed interleaved on fresh engines warmed alike, on pages of varied
+shape; a low-precision row serves only when clearly beyond the fastest fp32 (min_speedup and the round-to-round
+spread; the rules: pipeline/bundle/system_choice.py); the chosen set is gated together, falling back part by part to
+fp32."""
 from __future__ import annotations
 
 import logging
@@ -29,24 +31,38 @@ def _judge_part(ctx, chain: Chain, role: str, pairs: list, threads: int) -> tupl
     return gates, rows
 
 
-def time_combos(chain: Chain, combos: dict, threads: int, start: int = 0) -> dict:
-    """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets); the fp32 chain
-    ("fp32 chain") on engines of its own."""
+def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) -> dict:
+    """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets), with the fp32
+    chain ("fp32 chain"). Every set starts from the same history: engines loaded fresh for this loop (never the ones
+    that read the gate pages), each set warmed on the same real pages before timing, and closed after; a role in
+    `shared` is on its fp32 reference in every set and runs on one fresh engine all sets share (its time is not
+    what this loop compares; one instance per set would hold a detector and a recogniser per candidate)."""
     from pipeline.ocr.system import read_pages
-    from pipeline.bundle.system_choice import time_sets, varied_pages
+    from pipeline.bundle.system_choice import time_sets, timing_pages
 
-    sets = {"fp32 chain": {r: chain_engine(chain, r, *chain.ref_of(r), threads, tag="ref") for r in chain.subs}}
-    sets.update({k: {r: chain_engine(chain, r, *c[r], threads) for r in chain.subs} for k, c in combos.items()})
-    pages = list(chain.pages["images"])
+    every = {"fp32 chain": {r: chain.ref_of(r) for r in chain.subs}, **combos}
+    sets = {k: {r: chain_engine(chain, r, *c[r], threads, tag="timing" if r in shared else f"timing {k}")
+                for r in chain.subs} for k, c in every.items()}
 
     def read(page, e):
         read_pages([page], e["detection"], e["recognition"], chain.spec, cls=e.get("classifier"))
 
-    return time_sets(sets, varied_pages(pages, start=start), read, warmup=pages[0])
+    rounds, warm = timing_pages(list(chain.pages["images"]))
+    try:
+        return time_sets(sets, rounds, read, warmup=warm)
+    finally:
+        _close(chain, "timing")
+
+
+def _close(chain: Chain, tag: str) -> None:
+    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one)."""
+    for key in [k for k in chain.engines if str(k[3]).startswith(tag)]:
+        getattr(chain.engines.pop(key), "close", lambda: None)()
 
 
 def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
-    """Parts not pinned: every candidate judged, the passing ones timed, the fastest per part chosen."""
+    """Parts not pinned: every candidate judged, the passing ones timed (one loop per part, fresh engines), each
+    part's row chosen by the rule (choose_part: min_speedup beyond the round-to-round spread, else fp32)."""
     from pipeline.bundle.format import load_infer_config
     from pipeline.bundle.system_choice import choose_part, not_admitted, part_candidates
 
@@ -61,19 +77,21 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
             log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
         rows[r] += kept_out
         gates += g
-    combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r else chain.ref_of(q)
-                                                       for q in chain.subs}
-              for r in free for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != chain.ref_of(r)}
-    res = time_combos(chain, combos, threads)
-    for r in free:
+    _close(chain, "")        # the engines that read the gate pages: timing loads its own (time_combos)
+    min_speedup = ctx.cfg.server.recommend.min_speedup
+    for r in free:      # one loop per part: its candidates and the fp32 chain, each on a fresh engine
+        combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r
+                                                           else chain.ref_of(q) for q in chain.subs}
+                  for x in rows[r] if x["passed"] and (x["engine"], x["precision"]) != chain.ref_of(r)}
+        res = time_combos(chain, combos, threads, shared=tuple(q for q in chain.subs if q != r))
         for x in rows[r]:
             t = res.get("fp32 chain" if (x["engine"], x["precision"]) == chain.ref_of(r)
                         else f"{r}: {x['engine']} {x['precision']}")
             if t:
-                x.update(part_s=t["parts"][r], chain_s=t["seconds"])
+                x.update(part_s=t["parts"][r], part_rounds=t["part_rounds"][r], chain_s=t["seconds"])
         log.info("[system] %s on the system's pages: %s", r, ", ".join(
             f"{x['engine']} {x['precision']} {x.get('part_s', '-')} s" for x in rows[r]))
-    return gates, {r: choose_part(r, rows[r], chain.ref_of(r)) for r in free}
+    return gates, {r: choose_part(r, rows[r], chain.ref_of(r), min_speedup) for r in free}
 
 
 def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
@@ -101,12 +119,11 @@ def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
                              why=f"fp32 fallback: the chosen set failed its gate together ({g.reason})")
     for r, p in served.items():
         log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
-    t = time_combos(chain, {"as served": full}, threads, start=64)
-    g.extra.update(served=served, timing={**t, "how": "interleaved, pages of varied shape"},
+    t = time_combos(chain, {"as served": full}, threads)
+    g.extra.update(served=served, timing={**t, "how": "interleaved, fresh engines warmed on the same pages, pages "
+                                                      "of varied shape"},
                    chain_speedup_vs_fp32=round(t["fp32 chain"]["seconds"] / t["as served"]["seconds"], 3))
     chain.served = served
-    for eng in chain.engines.values():       # the HTTP row and verify load their own
-        getattr(eng, "close", lambda: None)()
-    chain.engines.clear()
+    _close(chain, "")       # the HTTP row and verify load their own
     return gates + [g]
 

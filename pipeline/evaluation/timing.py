@@ -28,10 +28,14 @@ def _chosen(profile: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in profile.items() if not isinstance(v, dict) and k != "batch")
 
 
+BASELINE = "a fresh {kind} fp32 engine with the same threads and options"   # every low-precision row's
+
+
 def speed_vs_fp32(low_eng, fp32_eng, x, *, batch: int, warmup: int, repeats: int, rounds: int,
-                  label: str = "int8") -> dict:
+                  label: str = "int8", kind: str = "") -> dict:
     """fp32 time / low-precision time at batch 1 (p50) and at `batch` (samples/s), the two engines measured
-    interleaved with the same settings: > 1 means the `label` row is faster; what the recommendation reads."""
+    interleaved: > 1 means the `label` row is faster; what the recommendation reads. fp32_eng is always BASELINE
+    (the callers build it so), and `how` says so."""
     from pipeline.engines import registry
 
     rows = {r["engine"]: r for r in registry.rank({"fp32": fp32_eng, label: low_eng}, x, batch_size=batch,
@@ -41,14 +45,14 @@ def speed_vs_fp32(low_eng, fp32_eng, x, *, batch: int, warmup: int, repeats: int
             "batchN": round(q["throughput_sps"] / f["throughput_sps"], 3), "batch": batch,
             "fp32": {"p50_ms": round(f["latency_ms"]["p50"], 4), "sps": round(f["throughput_sps"], 1)},
             label: {"p50_ms": round(q["latency_ms"]["p50"], 4), "sps": round(q["throughput_sps"], 1)},
-            "how": f"interleaved, {rounds} rounds, same threads"}
+            "how": f"interleaved, {rounds} rounds; baseline: {BASELINE.format(kind=kind or 'same-kind')}"}
 
 
 def note_speed_vs_fp32(ctx, gate: Gate, low_eng, fp32_eng, x) -> None:
     """gate.extra["speed_vs_fp32"]; a note when the row is not faster, so no reader takes it for speed."""
     sc, label = ctx.cfg.server, gate.precision_requested
     sp = speed_vs_fp32(low_eng, fp32_eng, x, batch=ctx.batches["perf"], warmup=sc.perf.warmup,
-                       repeats=sc.perf.repeats, rounds=sc.tuning.rounds, label=label)
+                       repeats=sc.perf.repeats, rounds=sc.tuning.rounds, label=label, kind=gate.subject.split()[0])
     gate.extra["speed_vs_fp32"] = sp
     slow = [f"x{sp[k]} at batch {n}" for k, n in (("batch1", 1), ("batchN", sp["batch"])) if sp[k] <= 1.0]
     if slow:

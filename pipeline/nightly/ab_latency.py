@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.bundle import layout as bundle_layout
+from pipeline.core.ab_rule import clearly_beyond, spread
 from pipeline.core.artifacts import load_manifest
 
 log = logging.getLogger("pipeline")
@@ -47,7 +48,7 @@ class ABResult:
     first_ratio: float | None = None     # set when this is the confirming re-measurement of a flagged row
 
     def regressed(self, growth: float) -> bool:
-        return self.ratio > 1.0 + growth and self.ratio_p10 > 1.0
+        return clearly_beyond(self.ratio, self.ratio_p10, 1.0 + growth)
 
     def message(self, growth: float) -> str:
         a, b = self.a_ms, self.b_ms
@@ -81,10 +82,9 @@ def measure(a_run: Callable, b_run: Callable, x: np.ndarray, *, rounds: int = 21
         med_a.append(float(np.percentile(ta, ROUND_QUANTILE)) * 1e3)
         med_b.append(float(np.percentile(tb, ROUND_QUANTILE)) * 1e3)
     a, b = np.asarray(med_a), np.asarray(med_b)
-    ratios = b / a
+    s = spread(b / a)
     q = lambda v: tuple(float(t) for t in np.percentile(v, [25, 50, 75]))  # noqa: E731
-    return ABResult(key, float(np.median(ratios)), float(np.percentile(ratios, 10)),
-                    float(np.percentile(ratios, 90)), q(a), q(b), rounds, runs)
+    return ABResult(key, s.median, s.p10, s.p90, q(a), q(b), rounds, runs)
 
 
 def measure_confirmed(a_run: Callable, b_run: Callable, x: np.ndarray, *, growth: float, **kw) -> ABResult:

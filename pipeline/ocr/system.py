@@ -33,6 +33,17 @@ FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "dro
                  "retry_scale": 0.0, "turn_check": False}
 
 
+def set_opencv_threads(threads: int) -> int:
+    """OpenCV's own pool (the page steps' resize and perspective crops) on the engines' thread count, so "1 thread"
+    means one: threads 0 is "all cores" in the config, while cv2.setNumThreads(0) turns OpenCV's threading off, so 0
+    maps to the CPU count. Process-wide, as the engines' settings are. -> the count set."""
+    from pipeline.core.env import cpu_count
+
+    n = int(threads) if threads and int(threads) > 0 else cpu_count()
+    cv2.setNumThreads(n)
+    return n
+
+
 @dataclass
 class SystemSpec:
     """The models' infer_config sections the system needs (from each sub-bundle) and the flow's settings."""

@@ -70,7 +70,7 @@ def http_ocr_gate(folder: Path, pages: list[np.ndarray], *, threads: int = 0, ti
     # the gate compares whole pages with the in-process read: no box cap, no time budget (httpx's timeout bounds it)
     app = _ocr_app(Path(folder), load_infer_config(folder), threads=threads, log_requests=False, max_boxes=0,
                    request_timeout_s=None)
-    return ocr_over_http(app, pages, timeout=timeout)
+    return {**ocr_over_http(app, pages, timeout=timeout), "parts": app.state.parts}
 
 
 # ------------------------------------------------------------------------------------ running

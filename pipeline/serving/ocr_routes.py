@@ -140,6 +140,9 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
         return answer
 
     app.state.engine, app.state.endpoints = det, "POST /ocr, GET /health, GET /v2/health/live|ready"     # `serve` logs both
+    # what each loaded part really runs (its engine's own evidence): the HTTP gate's effective precision
+    app.state.parts = {role: {"engine": e.kind, "precision": e.effective_precision}
+                       for role, e in (("detection", det), ("recognition", rec), ("classifier", cls)) if e is not None}
     app.state.batching = runner.batching
     return app
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.task_hooks import OPTIONAL_HOOKS, provides  # noqa: F401  (declared below the gates)
+
 
 @dataclass
 class Split:
@@ -93,17 +95,3 @@ class Task(abc.ABC):
     def check_output_shape(self, shape: list[int], info: dict) -> None:
         """Refuse, in one line, a model whose output cannot serve this task (e.g. CTC: fewer time steps than the
         longest label needs). Default: nothing beyond output_layout's rank."""
-
-
-# hooks a task defines only when it has them (no neutral default exists): name -> what it does
-OPTIONAL_HOOKS = {
-    "correct_lost": "correct_lost(candidate, reference, labels) -> (lost, of): correctly read samples a candidate "
-                    "loses; with labels, a text-reading task's rows are also gated on it (max_correct_lost)",
-}
-
-
-def provides(task, hook: str) -> bool:
-    """Does `task` define the optional hook (OPTIONAL_HOOKS)? Asking for an undeclared hook is a bug."""
-    if hook not in OPTIONAL_HOOKS:
-        raise KeyError(f"{hook!r} is not an optional task hook (declared: {', '.join(OPTIONAL_HOOKS)})")
-    return callable(getattr(task, hook, None))
