@@ -92,6 +92,7 @@ class ModelCfg(Section):
 class PrecheckCfg(Section):
     enable: bool
     atol: float = Field(gt=0)
+    bf16_atol: float = Field(gt=0)
     on_fail: Literal["fallback", "fail"]
 
 
