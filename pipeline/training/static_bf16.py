@@ -47,8 +47,14 @@ def bf16_kernel_types() -> frozenset:
     return frozenset(op for op, keys in _kernels().items() if any("bfloat16" in k for k in keys))
 
 
-def fp32_types(op_types, user_fp32=()) -> dict:
-    """{op type: why it stays fp32} for the forward op types of a program."""
+def fp32_types(op_types, user_fp32=(), user_bf16=()) -> dict:
+    """{op type: why it stays fp32} for the forward op types of a program. bf16 needs a bf16 kernel for the op
+    and its grad; among those, only Paddle's compute-bound white list (mul, matmul, conv2d...) runs bf16 by
+    default: the element-wise and data-movement ops Paddle would let follow their input (its gray list) ran
+    slower in bf16 than in fp32 here (oneDNN reorders around each; docs/amp_cpu.md), so they stay fp32 unless
+    train.amp.custom_white_list names them."""
+    from paddle.amp.amp_lists import BF16_WHITE_LIST
+
     have = bf16_kernel_types()
     out = {}
     for t in sorted(set(op_types) - _IGNORED):
@@ -60,6 +66,8 @@ def fp32_types(op_types, user_fp32=()) -> dict:
             out[t] = "no bf16 kernel registered"
         elif f"{t}_grad" in _kernels() and f"{t}_grad" not in have:
             out[t] = f"no bf16 kernel for {t}_grad"
+        elif t not in BF16_WHITE_LIST and t not in user_bf16:
+            out[t] = "memory-bound: its bf16 variant was slower than fp32 (train.amp.custom_white_list runs it bf16)"
     return out
 
 
@@ -105,6 +113,19 @@ def _identity_casts_to_assign(block) -> int:
     return n
 
 
+def _onednn_casts(program) -> int:
+    """fp32<->bf16 casts through oneDNN's reorder instead of Paddle's plain loop: the casts around every bf16 op
+    took 32 % of a ViT step with the plain kernel, half that with oneDNN's (measured, docs/amp_cpu.md)."""
+    from paddle.base import core
+
+    bf16, n = core.VarDesc.VarType.BF16, 0
+    for op in program.global_block().ops:
+        if op.type == "cast" and op.has_attr("use_mkldnn") and bf16 in (op.attr("in_dtype"), op.attr("out_dtype")):
+            op._set_attr("use_mkldnn", True)
+            n += 1
+    return n
+
+
 def is_bf16_op(op) -> bool:
     return op.has_attr("mkldnn_data_type") and op.attr("mkldnn_data_type") == "bfloat16" \
         and op.has_attr("use_mkldnn") and bool(op.attr("use_mkldnn"))
@@ -129,7 +150,7 @@ class StaticBf16Trainer:
     (optimizer, lr scheduler). Batches have a fixed size (the loop drops the last partial batch)."""
 
     def __init__(self, build_layer, task, make_optimizer, batch: int, x_shape, y_shape, y_dtype: str,
-                 user_fp32=(), probe_loss: bool = False):
+                 user_fp32=(), user_bf16=(), probe_loss: bool = False, bf16: bool = True):
         import paddle
         from paddle.static.amp import bf16 as amp_bf16
 
@@ -147,17 +168,27 @@ class StaticBf16Trainer:
             self.rewritten = {"linear_to_mul": _linear_to_mul(block), "identity_cast_to_assign":
                               _identity_casts_to_assign(block)}
             self.main._sync_with_cpp()
-            self.fp32 = fp32_types([op.type for op in block.ops], set(user_fp32))
-            lists = amp_bf16.AutoMixedPrecisionListsBF16(custom_fp32_list=set(self.fp32))
+            self.fp32 = fp32_types([op.type for op in block.ops], set(user_fp32), set(user_bf16))
+            bf16_extra = set(user_bf16) - set(self.fp32)
+            lists = amp_bf16.AutoMixedPrecisionListsBF16(custom_fp32_list=set(self.fp32),
+                                                         custom_bf16_list=bf16_extra or None)
             self.test = self.main.clone(for_test=True)
-            amp_bf16.rewrite_program_bf16(self.test, lists)
+            if bf16:
+                amp_bf16.rewrite_program_bf16(self.test, lists)
             opt, self.sched = make_optimizer(layer)
-            dec = amp_bf16.decorate_bf16(opt, amp_lists=lists, use_bf16_guard=False, use_pure_bf16=False)
+            # bf16=False: the same program in fp32 (make amp-bench's "static fp32" row: the route's own cost)
+            dec = amp_bf16.decorate_bf16(opt, amp_lists=lists, use_bf16_guard=False, use_pure_bf16=False) if bf16 \
+                else opt
             params_grads = dec.backward(loss, startup)
             if hasattr(opt, "_set_auxiliary_var"):   # adam(w): SkipUpdate leaves weights and moments untouched
                 opt._set_auxiliary_var("found_inf", paddle.logical_not(paddle.isfinite(loss)))
-            dec.apply_optimize(loss, startup, params_grads)
+            if bf16:
+                dec.apply_optimize(loss, startup, params_grads)
+            else:
+                with paddle.static.program_guard(self.main, startup):
+                    opt.apply_gradients(params_grads)
             self.skips_nonfinite = opt.type in ("adam", "adamw")
+            self.onednn_casts = _onednn_casts(self.main) + _onednn_casts(self.test) if bf16 else 0
         self.names = {k: v.name for k, v in layer.state_dict().items()}
         self.loss_name, self.out_name = loss.name, out.name
         self.scope = paddle.static.Scope()
