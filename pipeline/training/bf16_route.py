@@ -25,7 +25,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}"
 
 
-def prepare(ctx, task, model, ds, spec, plan, nproc: int, batch: int, make_optimizer, probe_loss: bool):
+def prepare(ctx, task, model, ds, spec, plan, nproc: int, batch: int, make_optimizer):
     from pipeline.models import imported
     from pipeline.training.static_bf16 import StaticBf16Trainer
 
@@ -45,7 +45,7 @@ def prepare(ctx, task, model, ds, spec, plan, nproc: int, batch: int, make_optim
         trainer = StaticBf16Trainer(lambda: imported.build(task, model_cfg, ds.info, load_pretrained=False)[0],
                                     task, make_optimizer, batch, list(x.shape[1:]), list(y.shape[1:]),
                                     str(y.dtype), user_fp32=cfg.train.amp.custom_black_list,
-                                    user_bf16=cfg.train.amp.custom_white_list, probe_loss=probe_loss)
+                                    user_bf16=cfg.train.amp.custom_white_list)
         trainer.load_weights(model)
     except Exception as exc:  # noqa: BLE001 -- e.g. a loss that needs numpy (DB detection): train fp32, say why
         plan.fall_back(f"AMP bfloat16 on CPU: the model and loss do not build as a static program "

@@ -229,7 +229,7 @@ def _make_loop(ctx, task, model, ds, spec, plan, device: str, loss_hook) -> _Loo
     if plan.route == "static-bf16":
         from pipeline.training import bf16_route
         static = bf16_route.prepare(ctx, task, model, ds, spec, plan, nproc, per_rank,
-                                    lambda layer: build_optimizer(tr, layer, steps_per_epoch), loss_hook is not None)
+                                    lambda layer: build_optimizer(tr, layer, steps_per_epoch))
     if static is not None:
         opt, sched = static, static.sched           # the program's optimizer: state_dict()/set_state_dict() as dygraph's
     else:

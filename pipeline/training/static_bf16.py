@@ -150,11 +150,11 @@ class StaticBf16Trainer:
     (optimizer, lr scheduler). Batches have a fixed size (the loop drops the last partial batch)."""
 
     def __init__(self, build_layer, task, make_optimizer, batch: int, x_shape, y_shape, y_dtype: str,
-                 user_fp32=(), user_bf16=(), probe_loss: bool = False, bf16: bool = True):
+                 user_fp32=(), user_bf16=(), bf16: bool = True):
         import paddle
         from paddle.static.amp import bf16 as amp_bf16
 
-        self.batch, self.probe_loss = batch, probe_loss
+        self.batch = batch
         self.main, startup = paddle.static.Program(), paddle.static.Program()
         with static_mode(), paddle.utils.unique_name.guard(), paddle.static.program_guard(self.main, startup):
             layer = build_layer()
@@ -162,8 +162,8 @@ class StaticBf16Trainer:
             y = paddle.static.data("y", [batch, *y_shape], y_dtype)
             out = layer(x)
             loss = task.loss(out, y)
-            if probe_loss:                  # tests inject a non-finite loss through this factor (loop's loss_hook)
-                loss = loss * paddle.static.data("loss_factor", [1], "float32")
+            # 1.0 in training; tests inject a non-finite loss through it (the loop's loss_hook): one multiply
+            loss = loss * paddle.static.data("loss_factor", [1], "float32")
             block = self.main.global_block()
             self.rewritten = {"linear_to_mul": _linear_to_mul(block), "identity_cast_to_assign":
                               _identity_casts_to_assign(block)}
@@ -243,9 +243,7 @@ class StaticBf16Trainer:
 
     # ----------------------------------------------------------------- running
     def step(self, x: np.ndarray, y: np.ndarray, loss_factor: float = 1.0) -> float:
-        feed = {"x": x, "y": y}
-        if self.probe_loss:
-            feed["loss_factor"] = np.array([loss_factor], dtype="float32")
+        feed = {"x": x, "y": y, "loss_factor": np.array([loss_factor], dtype="float32")}
         loss, = self._run(self.main, feed, [self.loss_name])
         return float(np.asarray(loss).reshape(-1)[0])
 
@@ -254,9 +252,7 @@ class StaticBf16Trainer:
         outputs of the ops marked bf16 are fetched and their dtype counted (bf16 arrives as uint16)."""
         block = self.test.global_block()
         marked = [op.output_arg_names[0] for op in block.ops if is_bf16_op(op) and op.output_arg_names]
-        feed = {"x": x, "y": y}
-        if self.probe_loss:
-            feed["loss_factor"] = np.ones([1], "float32")
+        feed = {"x": x, "y": y, "loss_factor": np.ones([1], "float32")}
         got = self._run(self.test, feed, [self.out_name, *marked])
         out, rest = np.asarray(got[0]), got[1:]
         if out.dtype == np.uint16:          # a model whose last op ran bf16
