@@ -239,4 +239,4 @@ bench-train: $(STAMP)
 	$(PY) scripts/bench_train.py
 
 amp-bench: $(STAMP)
-	$(PY) scripts/amp_bench.py
+	$(PY) scripts/amp_bench.py --json runs/amp_bench.json --html runs/amp_bench.html
