@@ -66,6 +66,10 @@ def _precheck(cfg, model, trainer, x: np.ndarray, y: np.ndarray, plan) -> dict |
     import paddle
 
     pc = cfg.train.amp.precheck
+    if trainer.census["bf16_ops"] == 0:
+        plan.fall_back(f"AMP bfloat16 on CPU: no op of this model trains in bf16 here "
+                       f"({', '.join(sorted(trainer.fp32)) or 'none'} stay fp32; docs/amp_cpu.md)")
+        return None
     low, ran = trainer.forward_bf16(x, y)
     result = {"enabled": pc.enable, "atol": pc.bf16_atol, **ran}
     if ran["forward_outputs_bf16_at_run_time"] == 0:
