@@ -470,7 +470,8 @@ STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "mod
               # trained: weights and telemetry; imported (model.source=inference): the program's files
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
                                 "imported/inference.pdiparams", "imported/model.onnx"),
-              code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/tasks",
+              code_deps=("pipeline/training/loop.py", "pipeline/training/amp.py", "pipeline/training/bn.py", "pipeline/training/checkpoint.py", "pipeline/training/static_bf16.py",
+                         "pipeline/training/bf16_route.py", "pipeline/tasks",
                          *ocr.TRAIN_DEPS, "pipeline/models", "pipeline/data", "pipeline/data/preprocess.py",
                          "pipeline/ocr/text_metrics.py", "pipeline/core/process_layout.py"),
               description="AMP training on the configured task")
