@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BF16 = ["train.amp.enable=true", "train.amp.dtype=bfloat16"]
 TINY = ["-c", "configs/smoke.yaml", "-o", "data.num_train=480", "-o", "data.num_val=64", "-o", "train.epochs=3",
         "-o", "train.batch_size=32", "-o", "model.args={channels: [4, 8, 8], hidden: 16}", "-o", "train.nproc=1",
-        "-o", "train.min_metric=0.0", "-o", "run.quiet=true", *[x for o in BF16 for x in ("-o", o)]]
+        "-o", "train.min_metric=0.0", "-o", "run.quiet=true", *[x for o in BF16 for x in ("-o", o)],
+        "-o", "train.amp.bf16_min_mac_share=0"]     # the tiny CNN's Linear layers in bf16, its convs and BN fp32
 
 
 def _bf16_runs() -> tuple[bool, str]:
@@ -135,7 +136,7 @@ def test_static_program_runs_bf16_kernels_and_learns():
     trainer, model, x, y = _tiny_trainer()
     c = trainer.census
     assert c["bf16_by_type"].get("mul") == 2 and c["bf16_by_type"].get("mul_grad") == 2
-    assert trainer.rewritten["linear_to_mul"] == 2 and trainer.onednn_casts > 0
+    assert trainer.rewritten["linear_to_mul"] == 2 and trainer.onednn_casts > 0 and c["bf16_mac_share"] == 1.0
     out, ran = trainer.forward_bf16(x, y)
     assert ran["forward_ops_marked_bf16"] == 2 and ran["forward_outputs_bf16_at_run_time"] == 2
     import paddle
@@ -283,3 +284,14 @@ def test_data_parallel_bf16_is_refused_in_one_line(tmp_path):
                          timeout=600)
     assert res.returncode != 0
     assert "trains in one process" in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr
+
+
+@needs_bf16
+def test_a_conv_model_with_little_bf16_work_trains_fp32_and_says_why(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pipeline", "run", "train", *TINY, "-o", "train.epochs=1",
+                          "-o", "train.amp.bf16_min_mac_share=0.5", "-o", f"run.root={tmp_path}", "-o", "run.name=r"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    prec = load_manifest(tmp_path / "r" / "train")["precision"]
+    assert prec["effective"] == "float32" and "multiply-adds could run bf16" in prec["reason"]
+    assert "bf16_min_mac_share" in prec["reason"] and "\n" not in prec["reason"]

@@ -109,6 +109,7 @@ class AmpCfg(Section):
     decr_every_n_nan_or_inf: int = PosInt
     use_dynamic_loss_scaling: bool
     master_grad: bool
+    bf16_min_mac_share: float = Field(ge=0, le=1)
     precheck: PrecheckCfg
 
 

@@ -126,6 +126,32 @@ def _onednn_casts(program) -> int:
     return n
 
 
+def _macs(block, op) -> int:
+    """Multiply-adds of one matmul/conv op from the program's static shapes (batch fixed; any -1 counts as 1)."""
+    shape = lambda name: [abs(int(d)) or 1 for d in block.var(name).shape]      # noqa: E731
+    if op.type == "mul":
+        x, w = shape(op.input("X")[0]), shape(op.input("Y")[0])
+        return int(np.prod(x[:op.attr("x_num_col_dims")])) * int(np.prod(w))
+    if op.type == "matmul_v2":
+        x = shape(op.input("X")[0])
+        return int(np.prod(shape(op.output("Out")[0]))) * x[-2 if op.attr("trans_x") else -1]
+    if op.type in ("conv2d", "depthwise_conv2d", "conv2d_transpose"):
+        f = shape(op.input("Filter")[0])
+        return int(np.prod(shape(op.output("Output")[0]))) * int(np.prod(f[1:]))
+    return 0
+
+
+def bf16_mac_share(program) -> float:
+    """Share of the forward multiply-adds (matmul, mul, conv) that run in bf16: what bf16 can speed up at all."""
+    block = program.global_block()
+    total = bf16 = 0
+    for op in block.ops:
+        n = _macs(block, op)
+        total += n
+        bf16 += n if is_bf16_op(op) else 0
+    return bf16 / total if total else 0.0
+
+
 def is_bf16_op(op) -> bool:
     return op.has_attr("mkldnn_data_type") and op.attr("mkldnn_data_type") == "bfloat16" \
         and op.has_attr("use_mkldnn") and bool(op.attr("use_mkldnn"))
@@ -194,7 +220,7 @@ class StaticBf16Trainer:
         self.scope = paddle.static.Scope()
         self.exe = paddle.static.Executor(paddle.CPUPlace())
         self._run(startup)
-        self.census = op_census(self.main)
+        self.census = {**op_census(self.main), "bf16_mac_share": round(bf16_mac_share(self.test), 4)}
 
     def _run(self, program, feed=None, fetch=()):
         import paddle
