@@ -47,8 +47,7 @@ MODES = {"fp32": ["train.amp.enable=false"],
 
 
 def _overrides(model: str, mode: str, epochs: int, batch: int | None = None) -> list[str]:
-    _, extra, b, n = MODELS[model]
-    n = n if batch is None else 2 * batch       # the memory probe: two steps at its batch
+    _, extra, b, n = MODELS[model]             # the memory probe (batch=2B) loads the same data: RSS comparable
     return [*extra, *MODES[mode], f"train.epochs={epochs}", f"train.batch_size={batch or b}", f"data.num_train={n}",
             "train.resume=false", "train.nproc=1", "train.min_metric=0.0", "run.quiet=true"]
 
