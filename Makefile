@@ -242,7 +242,7 @@ bench-train: $(STAMP)
 	$(PY) scripts/bench_train.py
 
 amp-bench: $(STAMP)
-	$(PY) scripts/amp_bench.py
+	$(PY) scripts/amp_bench.py --json runs/amp_bench.json --html runs/amp_bench.html
 
 # ---- past one machine (docs/scale.md) -------------------------------------------------------------
 # make batch INPUT=folder|'glob'|manifest.jsonl OUTPUT=folder [BUNDLE=path] [WORKERS=n] [FORMAT=jsonl] [ADDRESS=ray://...]

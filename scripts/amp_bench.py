@@ -1,18 +1,26 @@
-"""`make amp-bench`: fp32 vs AMP O1 vs AMP O2 on the same model, through the pipeline's own trainer.
+"""`make amp-bench`: fp32 vs bf16 AMP training on this machine, through the pipeline's own trainer.
 
-Each mode lives in its own process (so peak memory is that mode's alone): it trains for a few epochs
-(validation accuracy, peak memory: GPU max_memory_allocated / CPU peak RSS, and on a GPU the largest
-batch that fits, found by doubling until out-of-memory), then waits. Throughput is measured afterwards
-in rounds, the three processes taking turns one epoch each (median reported), so load from other
-processes on a shared machine falls evenly on all three.
-What ran is what AMP planning says ran: on a CPU all three are float32 and the table says so; the
-ratios are then run-to-run noise, never an AMP speedup.
+Rows (models): the default small CNN (configs/chars.yaml), the invoice text-line recogniser (configs/ocr_rec.yaml,
+CRNN), the zoo's ViT (configs/conformance.yaml's vit), a ViT-Tiny-sized ViT (configs/vit_tiny.yaml) and the
+PP-OCRv4 recogniser fine-tune (configs/ppocr_v4_rec_finetune.yaml; needs `make fetch-ppocr`, else skipped).
+Modes: fp32 (train.amp.enable=false: the dygraph trainer), bf16 (train.amp.dtype=bfloat16: on a CPU with bf16
+kernels, the static-bf16 route of pipeline/training/static_bf16.py) and, where bf16 took that route, "static fp32"
+(the same static program without the bf16 rewrite, a bench-only mode): bf16 / static fp32 is what the bf16 kernels
+bring, static fp32 / fp32 what the static executor brings.
+
+Every (model, mode) is its own process: it trains the same epochs on the same data (validation metric, peak RSS at
+the same batch), then waits. Throughput is timed afterwards in rounds, the processes of one model taking turns one
+epoch each (median reported), so load from other processes on a shared machine falls on all modes alike. The largest
+batch under AMP_BENCH_MEM_GB is extrapolated linearly from the peak RSS at the batch and at twice the batch (CPU
+memory has no out-of-memory signal to search for). What ran is what the manifest's planning says ran: a row whose
+bf16 fell back to fp32 says so, and its ratio is then noise, never a bf16 effect.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -24,176 +32,217 @@ sys.path.insert(0, str(ROOT))
 import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
 from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
 
-MODES = {
-    "fp32": ["train.amp.enable=false"],
-    "O1": ["train.amp.enable=true", "train.amp.level=O1"],
-    "O2": ["train.amp.enable=true", "train.amp.level=O2"],
+# name -> (config, overrides, batch, train samples); small data: the table compares modes, not recipes
+MODELS = {
+    "small_cnn": ("configs/chars.yaml", [], 128, 1536),
+    "crnn_invoice_lines": ("configs/ocr_rec.yaml", ["train.warmup_epochs=0", "data.num_val=256"], 64, 768),
+    "vit_zoo": ("configs/conformance.yaml", ["model.name=vit", "data.channels=3", "train.bn_recalibrate=false"],
+                64, 768),
+    "vit_tiny": ("configs/vit_tiny.yaml", [], 64, 512),
+    "ppocr_v4_rec_finetune": ("configs/ppocr_v4_rec_finetune.yaml", ["data.num_val=64"], 16, 96),
 }
+MODES = {"fp32": ["train.amp.enable=false"],
+         "bf16": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.level=O1"],
+         "static-fp32": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.level=O1"]}
 
 
-def _overrides(args, mode: str) -> list[str]:
-    return [*MODES[mode], f"train.amp.dtype={args.dtype}", f"train.epochs={args.epochs}",
-            f"data.num_train={args.num_train}", f"data.num_val={args.num_val}", "train.resume=false",
-            "run.quiet=true", *([f"train.batch_size={args.batch}"] if args.batch else [])]
+def _overrides(model: str, mode: str, epochs: int, batch: int | None = None) -> list[str]:
+    _, extra, b, n = MODELS[model]             # the memory probe (batch=2B) loads the same data: RSS comparable
+    return [*extra, *MODES[mode], f"train.epochs={epochs}", f"train.batch_size={batch or b}", f"data.num_train={n}",
+            "train.resume=false", "train.nproc=1", "train.min_metric=0.0", "run.quiet=true"]
 
 
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, MemoryError) or "out of memory" in text or "resourceexhausted" in text
+def _static_fp32() -> None:
+    """Bench-only: the static route's program without the bf16 rewrite (its pre-check then finds no bf16 op)."""
+    from pipeline.training import bf16_route, static_bf16
+
+    init = static_bf16.StaticBf16Trainer.__init__
+    static_bf16.StaticBf16Trainer.__init__ = lambda self, *a, **k: init(self, *a, **{**k, "bf16": False})
+    bf16_route._precheck = lambda cfg, model, trainer, x, y, plan: {"static_fp32": True, "max_abs_diff": None}
 
 
-def largest_batch(cfg, task, ds, spec, plan, start: int, limit: int = 1 << 15) -> int | None:
-    """GPU only: double the batch until a training step runs out of memory."""
-    import paddle
+def _train(cfg, task, ds, spec, work: Path, device: str, plan_factory):
+    from pipeline.models import imported
+    from pipeline.training.loop import train_model
 
-    from pipeline.training import amp
-    from pipeline.data.preprocess import to_tensor
-
-    model = task.build_model(cfg.section("model")["model"], ds.info)
-    opt = paddle.optimizer.Adam(1e-4, parameters=model.parameters())
-    model, opt = amp.decorate(model, opt, cfg.train.amp, plan)
-    scaler = amp.make_scaler(cfg.train.amp, plan)
-    best, b = None, start
-    while b <= limit:
-        idx = (list(range(len(ds.train.labels))) * (b // len(ds.train.labels) + 1))[:b]
-        try:
-            x = paddle.to_tensor(to_tensor(ds.train.images[idx], spec))
-            y = paddle.to_tensor(ds.train.labels[idx])
-            with amp.autocast(cfg.train.amp, plan):
-                loss = task.loss(model(x), y)
-            if scaler is not None:
-                scaled = scaler.scale(loss)
-                scaled.backward()
-                scaler.minimize(opt, scaled)
-            else:
-                loss.backward()
-                opt.step()
-            opt.clear_grad()
-            float(loss)
-            best = b
-        except Exception as exc:  # noqa: BLE001 -- only out-of-memory ends the search; anything else is a bug
-            if not _is_oom(exc):
-                raise
-            break
-        finally:
-            x = y = loss = None  # noqa: F841
-        b *= 2
-    return best
+    model, _ = imported.build(task, cfg.section("model")["model"], ds.info)
+    plan = plan_factory()
+    ctx = types.SimpleNamespace(cfg=cfg, work_dir=work, fingerprint="amp-bench", quiet=True)
+    _, history, _ = train_model(ctx, task, model, ds, spec, plan, device)
+    return plan, history
 
 
 def child(args) -> None:
-    """Train once (accuracy, memory, largest batch), then one timed epoch per "speed" line on stdin."""
+    """Train once (metric, peak RSS), then one timed epoch per "speed" line (--batch: the memory probe, train only)."""
     import logging
 
     logging.getLogger("pipeline").setLevel(logging.ERROR)
-    from pipeline.training import amp
     from pipeline.core import env
     from pipeline.core.config import load_config
     from pipeline.tasks import get_task
     from pipeline.tasks.base import Datasets, Split
-    from pipeline.training.loop import train_model
+    from pipeline.training import amp
 
     paddle = env.import_paddle_quietly()
-    cfg = load_config([ROOT / "configs" / "chars.yaml"], _overrides(args, args.child))
-    caps = env.capabilities()
-    device = "gpu" if caps["gpu"] else "cpu"
-    paddle.set_device(device)
+    if args.mode == "static-fp32":
+        _static_fp32()
+    config = ROOT / MODELS[args.model][0]
+    cfg = load_config([config], _overrides(args.model, args.mode, 1 if args.batch else args.epochs, args.batch))
+    paddle.set_device("cpu")
     paddle.seed(cfg.seed)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, cfg.section("detection")["detection"])
     ds = task.load_data(cfg.section("data")["data"], cfg.seed)
     spec = task.preprocess_spec(cfg.section("data")["data"], ds.info)
-    model = task.build_model(cfg.section("model")["model"], ds.info)
-    plan = amp.plan(cfg.train.amp, device, caps)
+    caps = env.capabilities()
     with tempfile.TemporaryDirectory(prefix="amp-bench-") as work:
-        ctx = types.SimpleNamespace(cfg=cfg, work_dir=Path(work), fingerprint=args.child, quiet=True)
-        _, history, _ = train_model(ctx, task, model, ds, spec, plan, device)
-        out = {"mode": args.child, "requested": plan.requested, "effective": plan.effective, "reason": plan.reason,
-               "device": device, "batch": cfg.train.batch_size,
-               "peak_memory_mb": max(h["peak_memory_mb"] for h in history),
-               "memory_kind": "GPU max_memory_allocated" if device == "gpu" else "peak RSS",
-               "accuracy": history[-1][task.primary_metric], "max_batch": None}
-        if device == "gpu":
-            out["max_batch"] = largest_batch(cfg, task, ds, spec, plan, cfg.train.batch_size)
-        print(json.dumps(out), flush=True)
-        # timed epochs: a fresh model of the same mode, a fixed slice of the data, one epoch per request
-        n = min(len(ds.train.labels), cfg.train.batch_size * args.speed_steps)
-        small = Datasets(Split(ds.train.images[:n], ds.train.labels[:n]),
-                         Split(ds.val.images[:256], ds.val.labels[:256]), ds.info)
-        one = types.SimpleNamespace(cfg=load_config([ROOT / "configs" / "chars.yaml"],
-                                                    _overrides(args, args.child) + ["train.epochs=1"]),
-                                    work_dir=Path(work) / "speed", fingerprint=args.child, quiet=True)
-        speed_model = task.build_model(cfg.section("model")["model"], ds.info)
+        plan, history = _train(cfg, task, ds, spec, Path(work) / "a", "cpu", lambda: amp.plan(cfg.train.amp, "cpu", caps))
+        ev = plan.evidence or {}
+        effective = "float32 (static)" if args.mode == "static-fp32" and plan.route == "static-bf16" else plan.effective
+        print(json.dumps({"mode": args.mode, "effective": effective, "route": plan.route, "reason": plan.reason,
+                          "batch": cfg.train.batch_size, "metric_name": task.primary_metric,
+                          "metric": history[-1][task.primary_metric], "peak_rss_mb": _rss_mb(),
+                          "bf16_ops": (ev.get("program") or {}).get("bf16_ops"),
+                          "fp32_types": sorted(ev.get("fp32_types") or {})}), flush=True)
+        b = cfg.train.batch_size
+        n = min(len(ds.train.labels), b * args.speed_steps)
+        small = Datasets(Split(ds.train.images[:n], ds.train.labels[:n]), Split(ds.val.images[:32], ds.val.labels[:32]),
+                         ds.info)
+        one = load_config([config], _overrides(args.model, args.mode, 1))
         for line in sys.stdin:
-            if line.strip() != "speed":
+            request = line.strip()
+            if request == "speed":
+                _, h = _train(one, task, small, spec, Path(work) / "s", "cpu", lambda: amp.plan(one.train.amp, "cpu", caps))
+                print(json.dumps({"samples_per_s": h[-1]["samples_per_s"]}), flush=True)
+            else:
                 break
-            _, h, _ = train_model(one, task, speed_model, small, spec, plan, device)
-            print(json.dumps({"samples_per_s": h[-1]["samples_per_s"]}), flush=True)
 
 
-def spawn(mode: str, args) -> LineChild:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--dtype", args.dtype,
-           "--epochs", str(args.epochs), "--num-train", str(args.num_train), "--num-val", str(args.num_val),
-           "--speed-steps", str(args.speed_steps), *(["--batch", str(args.batch)] if args.batch else [])]
-    return LineChild(cmd, f"amp-bench {mode}", cwd=ROOT, env=dict(os.environ))
+def _rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def spawn(model: str, mode: str, args, batch: int | None = None) -> LineChild:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-model", model, "--mode", mode,
+           "--epochs", str(args.epochs), "--speed-steps", str(args.speed_steps), *(["--batch", str(batch)] if batch else [])]
+    return LineChild(cmd, f"amp-bench {model} {mode}", cwd=ROOT, env=dict(os.environ))
+
+
+def largest_batch(row: dict, cap_mb: float) -> int | None:
+    """Linear in the batch through (B, peak RSS at B) and (2B, peak RSS at 2B); None when RSS did not grow."""
+    b, m1, m2 = row["batch"], row["peak_rss_mb"], row.get("peak_rss_mb_2x")
+    if not m2 or m2 <= m1:
+        return None
+    return max(0, int(b + (cap_mb - m1) * b / (m2 - m1)))
+
+
+def bench_model(model: str, args, console) -> list[dict]:
+    children, rows = {}, []
+    for mode in MODES:
+        console.print(f"  {model} {mode}: training {args.epochs} epochs (own process) ...", highlight=False)
+        children[mode] = spawn(model, mode, args)
+        rows.append(children[mode].reply())
+        if mode == "bf16" and rows[-1]["route"] != "static-bf16":
+            children.pop("static-fp32", None)
+            break                       # no bf16 program: a static-fp32 row would be the same fp32 again
+    speeds = {mode: [] for mode in children}
+    for r in range(args.rounds):        # take turns, one timed epoch each, order alternating
+        order = list(children) if r % 2 == 0 else list(children)[::-1]
+        for mode in order:
+            speeds[mode].append(children[mode].ask("speed")["samples_per_s"])
+    for c in children.values():
+        c.close()
+    for row in rows:                    # a fresh process at twice the batch: its own peak, nothing left over
+        probe = spawn(model, row["mode"], args, batch=2 * row["batch"])
+        row.update(model=model, samples_per_s=statistics.median(speeds[row["mode"]]),
+                   samples_per_s_rounds=speeds[row["mode"]], peak_rss_mb_2x=probe.reply()["peak_rss_mb"])
+        probe.close()
+        row["largest_batch"] = largest_batch(row, args.mem_gb * 1024)
+    return rows
+
+
+def table(rows: list[dict], args, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"AMP on this CPU: fp32 vs bf16 ({args.epochs} epochs, interleaved timing, {args.rounds} rounds; "
+                    f"largest batch under AMP_BENCH_MEM_GB={args.mem_gb:g})", header_style="bold")
+    for col in ("model", "mode", "effective", "bf16 ops", "samples/s", "vs fp32", "peak RSS", "vs fp32",
+                "largest batch", "metric", "Δ vs fp32"):
+        t.add_column(col)
+    for r in rows:
+        base = next(x for x in rows if x["model"] == r["model"] and x["mode"] == "fp32")
+        t.add_row(r["model"], r["mode"], r["effective"], str(r["bf16_ops"] or "-"), f"{r['samples_per_s']:.1f}",
+                  f"{r['samples_per_s'] / base['samples_per_s']:.2f}x", f"{r['peak_rss_mb']:.0f} MB",
+                  f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x", str(r["largest_batch"] or "n/a"),
+                  f"{r['metric_name']} {r['metric']:.4f}", f"{r['metric'] - base['metric']:+.4f}")
+    console.print(t)
+    for r in rows:
+        if r["mode"] == "bf16" and r["route"] != "static-bf16":
+            console.print(f"[yellow]{r['model']}[/]: bf16 did not run ({r['reason']}); its ratios are run-to-run "
+                          "noise of identical fp32 training.", soft_wrap=True, highlight=False)
+
+
+def html(rows: list[dict], path: Path) -> None:
+    """One self-contained page: bars of samples/s relative to fp32 per model and mode (inline SVG)."""
+    colours = {"fp32": "#888", "static-fp32": "#6a9fd4", "bf16": "#e07b39"}
+    bars, y = [], 20
+    for model in dict.fromkeys(r["model"] for r in rows):
+        group = [r for r in rows if r["model"] == model]
+        base = next(r for r in group if r["mode"] == "fp32")["samples_per_s"]
+        bars.append(f'<text x="0" y="{y + 12}" font-size="13">{model}</text>')
+        for r in group:
+            ratio = r["samples_per_s"] / base
+            bars.append(f'<rect x="200" y="{y}" width="{ratio * 150:.0f}" height="14" fill="{colours[r["mode"]]}"/>'
+                        f'<text x="{205 + ratio * 150:.0f}" y="{y + 12}" font-size="12">{r["mode"]} {ratio:.2f}x '
+                        f'({r["effective"]})</text>')
+            y += 18
+        y += 10
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{y + 10}">' \
+          f'<line x1="350" y1="0" x2="350" y2="{y}" stroke="#000" stroke-dasharray="3"/>{"".join(bars)}</svg>'
+    path.write_text(f"<!doctype html><meta charset='utf-8'><title>make amp-bench</title><h1>Training samples/s vs fp32"
+                    f"</h1><p>dashed line: 1.0x (fp32, the dygraph trainer)</p>{svg}<pre>{json.dumps(rows, indent=1)}"
+                    f"</pre>")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--num-train", type=int, default=3600)
-    p.add_argument("--num-val", type=int, default=720)
-    p.add_argument("--batch", type=int, default=None, help="default: configs/chars.yaml train.batch_size")
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per mode, taken in turns")
-    p.add_argument("--speed-steps", type=int, default=12, help="steps per timed epoch")
+    p.add_argument("--speed-steps", type=int, default=4, help="steps per timed epoch")
+    p.add_argument("--mem-gb", type=float, default=float(os.environ.get("AMP_BENCH_MEM_GB", "4")))
     p.add_argument("--json", type=Path, help="also write the numbers here")
-    p.add_argument("--child", choices=tuple(MODES), help=argparse.SUPPRESS)
+    p.add_argument("--html", type=Path, help="also write an HTML page with a plot here")
+    p.add_argument("--child-model", choices=tuple(MODELS), help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=tuple(MODES), help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
+    if args.child_model:
+        args.model = args.child_model
         child(args)
         return 0
-
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=140)
-    children, rows = [], []
-    for mode in MODES:            # one at a time: each trains alone
-        console.print(f"  {mode}: training {args.epochs} epochs on {args.num_train} samples (own process) ...",
-                      highlight=False)
-        children.append(spawn(mode, args))
-        rows.append(children[-1].reply())
-    speeds = {mode: [] for mode in MODES}
-    for r in range(args.rounds):  # then take turns: one timed epoch each per round
-        console.print(f"  speed round {r + 1}/{args.rounds} ...", highlight=False)
-        pairs = list(zip(MODES, children))
-        for mode, c in (pairs if r % 2 == 0 else pairs[::-1]):
-            speeds[mode].append(c.ask("speed")["samples_per_s"])
-    for c in children:
-        c.close()
-    for row in rows:
-        row["samples_per_s"] = statistics.median(speeds[row["mode"]])
-        row["samples_per_s_rounds"] = speeds[row["mode"]]
-
-    base = rows[0]
-    t = Table(title=f"AMP benchmark: small_cnn, batch {base['batch']}, {args.epochs} epochs, device {base['device']}",
-              header_style="bold")
-    for col in ("mode", "requested", "effective", "samples/s (median)", "vs fp32", f"peak memory ({base['memory_kind']})",
-                "vs fp32", "largest batch", "accuracy"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["mode"], r["requested"], r["effective"], f"{r['samples_per_s']:.0f}",
-                  f"{r['samples_per_s'] / base['samples_per_s']:.2f}x", f"{r['peak_memory_mb']:.0f} MB",
-                  f"{r['peak_memory_mb'] / base['peak_memory_mb']:.2f}x",
-                  "n/a (CPU)" if r["device"] == "cpu" else str(r["max_batch"]), f"{r['accuracy']:.4f}")
-    console.print(t)
-    if all(r["effective"] == "float32" for r in rows):
-        why = next((r["reason"] for r in rows if r["reason"] and r["mode"] != "fp32"), "")
-        console.print(f"[yellow]AMP is unavailable here[/]: all three modes ran float32 ({why}). "
-                      "The ratios above are run-to-run variation of identical fp32 training, not an AMP effect.",
-                      soft_wrap=True)
+    console = Console(width=160)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        console.print(f"error: unknown model '{unknown[0]}' (one of {', '.join(MODELS)})")
+        return 2
+    rows = []
+    for model in models:
+        if model.startswith("ppocr") and not (ROOT / ".cache" / "ppocr" / "ch_rec").exists():
+            console.print(f"  {model}: skipped (no .cache/ppocr/ch_rec: run `make fetch-ppocr`)", highlight=False)
+            continue
+        rows += bench_model(model, args, console)
+    table(rows, args, console)
+    for out in (args.json, args.html):
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
+    if args.html:
+        html(rows, args.html)
+        console.print(f"plot: {args.html}", highlight=False)
     return 0
 
 

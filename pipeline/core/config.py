@@ -129,6 +129,7 @@ class ModelCfg(Section):
 class PrecheckCfg(Section):
     enable: bool
     atol: float = Field(gt=0)
+    bf16_atol: float = Field(gt=0)
     on_fail: Literal["fallback", "fail"]
 
 
@@ -145,6 +146,7 @@ class AmpCfg(Section):
     decr_every_n_nan_or_inf: int = PosInt
     use_dynamic_loss_scaling: bool
     master_grad: bool
+    bf16_min_mac_share: float = Field(ge=0, le=1)
     precheck: PrecheckCfg
 
 

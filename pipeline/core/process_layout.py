@@ -113,6 +113,14 @@ def _auto(batch: int, cores: int, gpus: int, nnodes: int) -> tuple[int, str]:
                      f"training (measured on quiet and busy machines, see docs/training.md)")
 
 
+def _cpu_bf16(cfg) -> bool:
+    """bf16 AMP that will run on this CPU (pipeline/training/amp.py routes it through one static program)."""
+    from pipeline.core import capabilities
+
+    amp = cfg.train.amp
+    return amp.enable and amp.dtype == "bfloat16" and capabilities.has_bf16() and not capabilities.isa_cap_without_bf16()
+
+
 def is_auto(layout_record: dict | None) -> bool:
     return bool(layout_record) and str(layout_record.get("reason", "")).startswith("train.nproc=auto")
 
@@ -137,7 +145,9 @@ def plan(cfg, nproc: int | str | None = None, nnodes: int = 1, master: str | Non
     requested = cfg.train.nproc if nproc is None else nproc
     cores = env.cpu_count()
     gpus = 0 if cfg.train.device == "cpu" else gpu_count()
-    if requested == "auto":
+    if requested == "auto" and not gpus and _cpu_bf16(cfg):
+        n, why = 1, "train.nproc=auto: bf16 AMP on a CPU trains in one process (static-graph route, no data-parallel path)"
+    elif requested == "auto":
         n, why = _auto(cfg.train.batch_size, cores, gpus, nnodes)
     else:
         n = int(requested)

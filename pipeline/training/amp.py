@@ -1,7 +1,9 @@
 """AMP planning: what the user asked for, what this device can really do, and the scaler to match.
 
 On CPU, paddle.amp.auto_cast and GradScaler only warn and do nothing, so we decide up front
-and record requested vs effective precision honestly (never claim fp16 where fp32 ran).
+and record requested vs effective precision honestly (never claim fp16 where fp32 ran). bf16 on a CPU with
+bf16 kernels (avx512_bf16, AMX) trains through a static program instead (route "static-bf16":
+pipeline/training/static_bf16.py); the dygraph AMP API stays off there (enabled=False).
 """
 from __future__ import annotations
 
@@ -19,9 +21,19 @@ class AmpPlan:
     level: str
     dtype: str
     reason: str = ""
+    route: str = "dygraph"      # "static-bf16": bf16 through paddle.static.amp.bf16 on a CPU
+    evidence: dict | None = None    # static-bf16: op census of the executed program, pre-check, CPU family
 
     def as_record(self) -> dict:
-        return {"requested": self.requested, "effective": self.effective, "reason": self.reason}
+        out = {"requested": self.requested, "effective": self.effective, "reason": self.reason}
+        if self.route != "dygraph" or self.evidence:
+            out.update(route=self.route, evidence=self.evidence)
+        return out
+
+    def fall_back(self, why: str) -> None:
+        """Train in float32 after all (a failed pre-check, a model the static route cannot build)."""
+        log.warning("[train] %s: training in float32", why)
+        self.enabled, self.effective, self.route, self.reason = False, "float32", "dygraph", f"{why}: training in float32"
 
     @property
     def differs(self) -> bool:
@@ -33,7 +45,7 @@ def plan(amp_cfg, device: str, caps: dict) -> AmpPlan:
     if not amp_cfg.enable:
         return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, "AMP disabled in config")
     if device != "gpu":
-        why = f"AMP {requested} requested but the device is CPU (no low-precision kernels): training in float32"
+        return _plan_cpu(amp_cfg, requested)
     elif amp_cfg.dtype == "float16" and not caps.get("fp16"):
         why = (f"AMP float16 needs CUDA compute capability >= 7.0 (this GPU: {caps.get('compute_capability')}): "
                "training in float32; try amp.dtype=bfloat16 on Ampere+")
@@ -43,6 +55,28 @@ def plan(amp_cfg, device: str, caps: dict) -> AmpPlan:
         return AmpPlan(requested, requested, True, amp_cfg.level, amp_cfg.dtype)
     log.warning("[train] %s", why)
     return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, why)
+
+
+def _plan_cpu(amp_cfg, requested: str) -> AmpPlan:
+    """CPU: bf16 through the static route where oneDNN has bf16 kernels; fp16 and a CPU without bf16 train fp32."""
+    from pipeline.core import capabilities
+
+    if amp_cfg.dtype == "float16":
+        why = (f"AMP {requested} requested but the device is CPU (Paddle has no fp16 conv/matmul CPU kernels): "
+               "training in float32; on a CPU with avx512_bf16 or AMX use train.amp.dtype=bfloat16")
+        log.warning("[train] %s", why)
+        return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, why)
+    ok, status = capabilities.bf16_cpu_status()
+    if not ok:
+        why = f"AMP {requested} requested but {status}: training in float32"
+        log.warning("[train] %s", why)
+        return AmpPlan(requested, "float32", False, amp_cfg.level, amp_cfg.dtype, why)
+    why = f"{status}: bf16 through Paddle's static-graph AMP (dygraph auto_cast does nothing on a CPU)"
+    if amp_cfg.level == "O2":
+        why += ("; O2 (pure bf16) cannot run: no bf16 kernel for adam, momentum, layer_norm_grad, batch_norm, so O1 "
+                "with fp32 master weights")
+    log.info("[train] AMP %s on CPU: %s", requested, why)
+    return AmpPlan(requested, "bfloat16/O1", False, "O1", "bfloat16", why, route="static-bf16")
 
 
 def make_scaler(amp_cfg, amp_plan: AmpPlan):

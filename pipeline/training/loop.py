@@ -175,6 +175,7 @@ class _Loop:
     ckpt_dir: Any
     key: str
     loss_hook: Any = None
+    static: Any = None          # StaticBf16Trainer on the static-bf16 route (opt/sched are then its own)
 
 
 @dataclass
@@ -224,14 +225,24 @@ def _make_loop(ctx, task, model, ds, spec, plan, device: str, loss_hook) -> _Loo
     n = len(ds.train.labels)
     per_rank = split_batch(tr.batch_size, nproc)    # an uneven split is a ConfigError (checked before launch too)
     steps_per_epoch = n // tr.batch_size            # drop_last: equal-size batches, equal steps on every rank
-    opt, sched = build_optimizer(tr, model, steps_per_epoch)
+    static = None
+    if plan.route == "static-bf16":
+        from pipeline.training import bf16_route
+        static = bf16_route.prepare(ctx, task, model, ds, spec, plan, nproc, per_rank,
+                                    lambda layer: build_optimizer(tr, layer, steps_per_epoch))
+    if static is not None:
+        opt, sched = static, static.sched           # the program's optimizer: state_dict()/set_state_dict() as dygraph's
+    else:
+        opt, sched = build_optimizer(tr, model, steps_per_epoch)
     model, opt = amp.decorate(model, opt, tr.amp, plan)          # O2 first, DataParallel after (Paddle's rule)
     net = paddle.DataParallel(model) if nproc > 1 else model
     scaler = amp.make_scaler(tr.amp, plan)
     val_x = to_tensor(ds.val.images, spec)
     key = f"{ctx.fingerprint}-nproc{nproc}"           # a 2-process checkpoint is not a 1-process one
+    if static is not None:
+        key += "-static-bf16"                       # its optimizer state is the program's, not dygraph's
     return _Loop(ctx, task, model, net, opt, sched, scaler, ds, spec, plan, device, rank, nproc, per_rank,
-                 steps_per_epoch, val_x, ctx.work_dir / "checkpoint", key, loss_hook)
+                 steps_per_epoch, val_x, ctx.work_dir / "checkpoint", key, loss_hook, static)
 
 
 def _resume_state(lp: _Loop) -> tuple[_Progress, bool]:
@@ -249,6 +260,8 @@ def _resume_state(lp: _Loop) -> tuple[_Progress, bool]:
         amp.load_state(lp.model, states["model"])       # fp32 on disk; cast back to fp16 under O2
         lp.opt.set_state_dict(states["optimizer"])
         lp.sched.set_state_dict(states["scheduler"])
+        if lp.static is not None:
+            lp.static.load_weights(lp.model)
         if lp.scaler is not None and "scaler" in states:
             lp.scaler.load_state_dict(states["scaler"])
         prog = _Progress(meta["epoch"] + 1, meta["history"], meta["best"], states["best"], None, meta["best_epoch"])
@@ -267,6 +280,8 @@ def _train_epoch(lp: _Loop, prog: _Progress, epoch: int, guard: NonFiniteGuard, 
     task = lp.task
     epoch_seed = lp.ctx.cfg.seed * 1000 + epoch
     steps = _run_epoch(lp, epoch, epoch_seed, guard)
+    if lp.static is not None:
+        lp.static.store_weights(lp.model)           # fp32 master weights + BN statistics back into the model
     _average_buffers(lp.model, lp.nproc)
     rec, metric = _epoch_record(lp, epoch, steps)
     prog.history.append(rec)
@@ -303,6 +318,16 @@ def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) ->
         gstep = epoch * lp.steps_per_epoch + step
         start = step * global_batch + lp.rank * lp.per_rank   # this rank's share of the global batch
         idx = order[start:start + lp.per_rank]
+        if lp.static is not None:               # forward, backward and update in one program run
+            value = _static_step(lp, to_tensor(ds.train.images[idx], lp.spec), ds.train.labels[idx], gstep)
+            if not guard.check(value, gstep):   # Adam skipped the update itself (SkipUpdate)
+                nonfinite += 1
+                continue
+            lr_used = float(lp.sched.get_lr())
+            lp.sched.step()
+            heap()
+            losses.append(value)
+            continue
         x = paddle.to_tensor(to_tensor(ds.train.images[idx], lp.spec))
         y = paddle.to_tensor(ds.train.labels[idx])
         with amp.autocast(tr.amp, lp.plan):
@@ -324,6 +349,16 @@ def _run_epoch(lp: _Loop, epoch: int, epoch_seed: int, guard: NonFiniteGuard) ->
     bar.close()
     return {"seconds": time.perf_counter() - t0, "nonfinite": nonfinite, "scaler_skipped": scaler_skipped,
             "losses": losses, "lr_used": lr_used}
+
+
+def _static_step(lp: _Loop, x: np.ndarray, y: np.ndarray, gstep: int) -> float:
+    """One step of the static-bf16 program; a test's loss_hook scales the program's loss by hook(1)."""
+    factor = 1.0
+    if lp.loss_hook is not None:
+        import paddle
+
+        factor = float(lp.loss_hook(paddle.ones([1]), gstep))
+    return lp.static.step(x, y, factor)
 
 
 def _optimizer_step(lp: _Loop, loss) -> int:
