@@ -74,7 +74,10 @@ def run(ctx: StageContext) -> StageResult:
     )
 
 
-STAGE = Stage(name="train", inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
+STAGE = Stage(name="train",
+              # bf16 AMP on a CPU trains on that CPU's bf16 kernels (or falls back to fp32 on one without them)
+              machine_bound=lambda cfg: bool(cfg.train.amp.enable and cfg.train.amp.dtype == "bfloat16"),
+              inputs=(), config_keys=("task", "seed", "data", "model", "train", "detection"),
               make_target="train", run=run, layout_keys=("train.nproc",), launcher=launch_stage,
               outputs=("info.json", "val_slice.npz", "calib.npz"),
               # trained: weights and telemetry; imported (model.source=inference): the program's files

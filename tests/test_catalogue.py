@@ -266,3 +266,21 @@ def test_every_server_model_the_bundle_copies_is_a_declared_server_output():
     assert all(catalogue.declares(server, rel) for rel in layout.SERVER_STAGE_MODELS)
     assert catalogue.declares(server, "models/int8/model.pdiparams")           # inside a declared folder
     assert not catalogue.declares(server, "openvino/model_fp32.xml")
+
+
+def test_train_is_machine_bound_only_when_bf16_amp_runs_the_cpus_kernels(monkeypatch):
+    """bf16 AMP on a CPU trains on that CPU's bf16 kernels (issue 49): its cached weights are not reused on a host
+    with other ones; fp32/fp16 training holds on any CPU and stays cached."""
+    from pipeline.core import capabilities
+    from pipeline.core.runner import fingerprint
+    from stages.train import STAGE
+
+    plain = load_config([])
+    bf16 = load_config([], ["train.amp.enable=true", "train.amp.dtype=bfloat16"])
+    assert not STAGE.bound_to_machine(plain) and STAGE.bound_to_machine(bf16)
+    prints = {}
+    for cap in ("AVX2", "AVX512_CORE_BF16"):
+        monkeypatch.setenv(capabilities.ISA_ENV, cap)
+        prints[cap] = (fingerprint(plain, STAGE, {}), fingerprint(bf16, STAGE, {}))
+    assert prints["AVX2"][0] == prints["AVX512_CORE_BF16"][0]          # fp32/fp16: the same on any kernels
+    assert prints["AVX2"][1] != prints["AVX512_CORE_BF16"][1]          # bf16: bound to the kernels it ran on

@@ -86,8 +86,12 @@ class Stage:
     # when the layout needs a launch, so the run core never imports the launcher
     launcher: Callable | None = None
     # its gates and timings hold for the CPU kernels they ran on (engines' bf16/int8/vector families): a cached
-    # result from a host with other kernels is not reused (capabilities.kernel_key enters the fingerprint)
-    machine_bound: bool = False
+    # result from a host with other kernels is not reused (capabilities.kernel_key enters the fingerprint);
+    # a callable decides per config (train: only when bf16 AMP runs the CPU's bf16 kernels)
+    machine_bound: bool | Callable[[Config], bool] = False
+
+    def bound_to_machine(self, cfg: Config) -> bool:
+        return bool(self.machine_bound(cfg) if callable(self.machine_bound) else self.machine_bound)
 
 
 @dataclass
@@ -145,7 +149,7 @@ def fingerprint(cfg: Config, stage: Stage, input_manifests: dict[str, dict], lay
     }
     if stage.layout_keys:
         blob["layout"] = layout
-    if stage.machine_bound:
+    if stage.bound_to_machine(cfg):
         blob["kernels"] = kernel_key()
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -154,7 +158,7 @@ def _other_kernels(stage: Stage, manifest: dict) -> str:
     """What differs between the kernels a machine-bound stage's output was measured on and this host's
     ("bf16 amx_bf16 -> avx512_bf16"); "" when they are the same, or the stage holds on any CPU."""
     theirs, mine = manifest.get("kernels"), kernel_key()
-    if not stage.machine_bound or not theirs:
+    if not theirs:          # recorded only by a stage that was machine-bound for its config
         return ""
     return ", ".join(f"{k} {theirs.get(k)} -> {v}" for k, v in mine.items() if theirs.get(k) != v)
 
@@ -402,7 +406,7 @@ class Runner:
             "info": result.info,
             "versions": env.versions(),
             "cpu_tuning": env.tuning_record(),
-            **({"kernels": kernel_key()} if stage.machine_bound else {}),
+            **({"kernels": kernel_key()} if stage.bound_to_machine(self.cfg) else {}),
             "started": started,
             "duration_s": round(seconds, 2),
         }
