@@ -87,6 +87,11 @@ def test_few_samples_cannot_resolve_a_metric_delta(tmp_path):
     assert rules.resolution(gate, 100, cfg) == ""                          # 4 / 0.04 = 100 samples
     why = rules.resolution(gate, 64, cfg)
     assert why.startswith("accuracy_drop could not resolve its limit 0.04: one of 64 samples moves it by 0.0156")
+    # the HTTP row judges only its requests: 16 of them, whatever the validation slice holds
+    http = {**gate, "extra": {"requests": 16}}
+    assert "one of 16 samples" in rules.resolution(http, 512, cfg)
+    http["checks"][1]["detail"] = "metric_delta 0.04 < one sample of 16 (0.0625): one sample allowed"
+    assert "one of 16 samples" in rules.resolution({**http, "extra": {}}, 512, cfg)
 
 
 def _counts(ok=0, marked=0, failed=0, not_run=0, skipped=0):

@@ -125,6 +125,18 @@ def _config_value(cfg: dict, dotted: str):
 
 
 _OF = re.compile(r"(\d+) of (\d+) correctly read samples")
+_ONE_OF = re.compile(r"one sample of (\d+)")
+
+
+def _samples(gate: dict, check: dict, samples: int) -> int:
+    """How many samples one step of this check is made of: the correctly read ones for lost lines, else the gated
+    ones (the HTTP row judges only its requests, server.http.max_requests)."""
+    detail = check.get("detail", "")
+    if check["name"] == "correct_lost":
+        m = _OF.search(detail)
+        return int(m.group(2)) if m else round(float(gate.get("reference") or 0) * samples)
+    m = _ONE_OF.search(detail)
+    return int(m.group(1)) if m else int((gate.get("extra") or {}).get("requests") or samples)
 
 
 def resolution(gate: dict, samples: int, cfg: dict) -> str:
@@ -139,8 +151,7 @@ def resolution(gate: dict, samples: int, cfg: dict) -> str:
         limit = float(limit if limit is not None else c["limit"] or 0.0)
         if limit <= 0:
             continue                          # 0 is exact: any one sample fails it
-        m = _OF.search(c.get("detail", "")) if is_lost else None
-        n = int(m.group(2)) if m else samples if is_drop else round(float(gate.get("reference") or 0) * samples)
+        n = _samples(gate, c, samples)
         need = math.ceil(RESOLUTION / limit - 1e-9)
         if n < need:
             what = "correctly read samples" if is_lost else "samples"
