@@ -37,8 +37,6 @@ BASE_NAME = "config.base.yaml"      # conformance.yaml without its own section: 
 def load_settings(path: Path = CONFIG) -> tuple[dict, dict[str, list[str]], tuple[str, ...], float]:
     """configs/conformance.yaml -> (the stages' config without its `conformance` section, architecture ->
     overrides, the fast slice, max_marked_share)."""
-    import yaml
-
     from pipeline.core.errors import ConfigError
 
     base = yaml.safe_load(path.read_text()) or {}
@@ -202,6 +200,8 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
     if unknown:
         raise ConfigError(f"unknown conformance architecture(s): {', '.join(unknown)}", hint=f"choose from {', '.join(ZOO)}")
     share = MAX_MARKED_SHARE if max_marked_share is None else max_marked_share
+    if not 0 <= share <= 1:
+        raise ConfigError(f"max marked share {share:g} is not a share of rows", hint="pass a value from 0 to 1, e.g. 0.05")
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / BASE_NAME, yaml.safe_dump(_BASE, sort_keys=False))
