@@ -122,47 +122,13 @@ def test_user_model_by_import_path_train_export_deploy_on_default_gates(tmp_path
     assert {"max_abs_diff", "argmax_agreement", "accuracy_drop"} <= {c["name"] for c in fp16["checks"]}
 
 
-def _fake_run(root, accuracy: float, int8_status: str = "OK"):
-    """A conformance run folder as the chain leaves it: train info, server manifest, resolved config."""
-    import yaml
-
-    run = root / "arch"
-    for stage in ("train", "server"):
-        (run / stage).mkdir(parents=True)
-    (run / "train" / "info.json").write_text(json.dumps(
-        {"task": "classification", "labels_info": {"labels": [str(i) for i in range(36)]}}))
-    row = lambda subject, prec, status: {"subject": subject, "precision_requested": prec, "status": status,  # noqa
-                                         "metric": "accuracy", "reference": accuracy, "checks": [], "reason": ""}
-    gates = [row("paddle-inference fp32", "fp32", "OK"), row("paddle-inference int8", "int8", int8_status)]
-    (run / "server" / "manifest.json").write_text(json.dumps({"gates": gates}))
-    cfg = {"task": "classification", "server": {"gates": {p: {"metric_delta": d} for p, d in
-                                                          (("fp16", 0.02), ("bf16", 0.02), ("int8", 0.04))}}}
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(cfg))
-    return run
-
-
-@pytest.mark.parametrize("accuracy, int8_status, verdict", [(0.10, "OK", "MARKED"), (0.10, "FAIL", "FAIL"),
-                                                            (0.30, "OK", "OK")])
-def test_conformance_marks_low_precision_passes_of_a_model_near_chance(tmp_path, accuracy, int8_status, verdict):
-    """36 classes: chance 0.028 + 5 x int8's 0.04 = 0.228. Below it a low-precision OK is MARKED (not a pass) with
-    the reason; a FAIL stays a FAIL; fp32 rows always count."""
-    from pipeline.nightly import conformance
-
-    rows = {r.row: r for r in conformance._stage_rows("arch", _fake_run(tmp_path, accuracy, int8_status), "")}
-    assert rows["server: paddle-inference fp32"].verdict == "OK"
-    int8 = rows["server: paddle-inference int8"]
-    assert int8.verdict == verdict
-    if accuracy < 0.228:
-        assert "0.228" in int8.note and "chance 0.028" in int8.note
-    counts = conformance.verdict_counts(list(rows.values()))
-    assert counts["executed OK"] == 1 + (verdict == "OK") and counts["marked (near chance)"] == (verdict == "MARKED")
-
-
 @pytest.mark.slow
 def test_conformance_fast_subset_end_to_end(tmp_path):
     """make test's slice of `make conformance`: an attention/LayerNorm/swish recogniser, whole chain + verify,
     tiny data; parity gates at their defaults."""
-    res = _cli("conformance", "--fast", "--root", str(tmp_path), "-o", "data.num_train=256", "-o", "data.num_val=64",
+    # one epoch on 256 lines leaves svtr_lcnet near chance: every low-precision row MARKED, allowed here
+    res = _cli("conformance", "--fast", "--root", str(tmp_path), "--max-marked-share", "1",
+               "-o", "data.num_train=256", "-o", "data.num_val=64",
                "-o", "train.epochs=1", "-o", "server.http.max_requests=8", "-o", "lite.arm=[fp32,int8]",
                "-o", "server.engines=[paddle-inference]")     # ONNX Runtime/OpenVINO rows: make conformance
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
@@ -175,4 +141,6 @@ def test_conformance_fast_subset_end_to_end(tmp_path):
             assert r["note"], r
     rows_of = {r["row"] for r in rows}
     assert {"server: paddle-inference fp16", "lite: lite x86 fp32", "verify bundle"} <= rows_of
-    assert (tmp_path / "conformance.md").read_text().count("| svtr_lcnet |") == sum(r["arch"] == "svtr_lcnet" for r in rows)
+    md = (tmp_path / "conformance.md").read_text()      # one line of fp32 against chance, then every row
+    assert md.count("| svtr_lcnet |") == 1 + sum(r["arch"] == "svtr_lcnet" for r in rows)
+    assert "| svtr_lcnet | fp32 seq_accuracy" in md and "chance 0.000, floor 0.200" in md

@@ -2,10 +2,12 @@
 
 Each architecture runs `python -m pipeline run all` (short training → export → every server row →
 Lite arm/x86 → bundle) and then `verify` on its bundle, in its own subprocess and run folder: a crash
-of one architecture is a FAIL row with the log as evidence, and the others still run. Conformance
-checks parity, not accuracy: configs/conformance.yaml trains a few steps and relaxes only
-train.min_metric; every parity gate keeps its default from configs/defaults.yaml.
-Writes <root>/conformance.json and <root>/conformance.md; exit code 1 when any row FAILs.
+of one architecture is a FAIL row with the log as evidence, and the others still run. Each architecture
+trains by its own recipe (configs/conformance.yaml `conformance.zoo`, chosen on a tuning split) past chance,
+so that its low-precision rows judge decisions; every parity gate keeps its default from configs/defaults.yaml.
+Stages are cached by fingerprint as in any run (trained weights included): a rerun re-runs what changed.
+Writes <root>/conformance.json and <root>/conformance.md; exit code 1 when a row FAILs or did not run, or when
+more than conformance.max_marked_share of executed rows is MARKED near chance (conformance_rules.py).
 """
 from __future__ import annotations
 
@@ -15,67 +17,40 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
+import yaml
 
 from pipeline.core.artifacts import atomic_write_text, load_manifest, write_json
+from pipeline.nightly import conformance_rules as rules
+from pipeline.nightly.conformance_rules import MARKED, Row, counts_line, verdict_counts  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "conformance.yaml"
-# CTC needs more lines than classification before its outputs have margins (decoded-text agreement
-# between engines is only meaningful on a model that reads something)
-_RECOGNITION = ["task=recognition", "data.height=32", "data.width=128", "data.max_len=8", "data.num_train=3072",
-                "train.epochs=4", "train.lr=0.005"]
-_RGB = ["data.channels=3"]
-# name → (overrides); every architecture of the issue's zoo
-ZOO: dict[str, list[str]] = {
-    # trained past chance (fp32 ~0.10 on the 3-epoch recipe: its low-precision rows were MARKED) so that the zoo keeps
-    # one classifier whose fp16/bf16/int8 rows count; ~15 s more training
-    "small_cnn": ["model.name=small_cnn", "data.num_train=4096", "train.epochs=6"],
-    "crnn": ["model.name=crnn", *_RECOGNITION],
-    "lcnet": ["model.name=lcnet", *_RGB],
-    # a transformer neck needs warm-up and more steps before it reads anything; left at chance, its fp16
-    # error is that of a chaotic network (0.24-0.71 of the logit scale on 512 lines, measured) where the
-    # same model trained to 0.22 sequence accuracy shows 0.014: parity needs a model that decides
-    "svtr_lcnet": ["model.name=svtr_lcnet", *_RECOGNITION, "train.epochs=12", "train.lr=0.003",
-                   "train.warmup_epochs=1"],
-    "vit": ["model.name=vit", *_RGB],
-    "resnet18": ["model.name=resnet18", *_RGB],
-    "mobilenet_v2": ["model.name=mobilenet_v2", *_RGB],
-    "mobilenet_v3_small": ["model.name=mobilenet_v3_small", *_RGB],
-    # at the 3-epoch recipe it ends at chance (0.031 on 36 classes): its int8 outputs were garbage (ONNX Runtime:
-    # relative RMS 1.1 of fp32) and passed or failed by a hair; 4096 samples x 8 epochs reach 0.26 (~5 min on a loaded
-    # 2-core host), where ONNX Runtime int8 loses 0.084 accuracy: a real FAIL (2026-12-02, issue 31)
-    "shufflenet_v2_x0_25": ["model.name=shufflenet_v2_x0_25", *_RGB, "data.num_train=4096", "train.epochs=8"],
-    "squeezenet1_1": ["model.name=squeezenet1_1", *_RGB],
-}
-# `make test` runs this one end to end: LayerNorm/attention/swish/depthwise in a recogniser (int8, fp16, Lite
-# included); hardswish/SE are covered there by tests/test_user_model.py's mobilenet_v3_small (lcnet: ~30 s more)
-FAST = ("svtr_lcnet",)
-PASSING = ("OK", "SKIPPED", "UNVERIFIED")   # SKIPPED/UNVERIFIED carry their reason (engine limitation / no device)
-# A low-precision row means something only on a model that decides: its metric check allows a drop of metric_delta,
-# and a model that scores chance has nothing to drop (garbage outputs would pass). So an architecture's fp16/bf16/
-# int8 rows count only when its fp32 metric stands HEADROOM x the loosest low-precision metric_delta above chance
-# (defaults: 5 x int8's 0.04 = 0.2; 36 characters: chance 0.028, so accuracy >= 0.228). Below that an OK is MARKED
-# (not counted as a pass, the reason in its note); a FAIL stays a FAIL (a gate's failure is never hidden).
-HEADROOM = 5
-LOW_PRECISIONS = ("fp16", "bf16", "int8")
-MARKED = "MARKED"
+BASE_NAME = "config.base.yaml"      # conformance.yaml without its own section: what each architecture runs with
 
 
-@dataclass
-class Row:
-    arch: str
-    row: str                 # "<stage>: <subject>"
-    verdict: str             # OK | FAIL | SKIPPED | UNVERIFIED (converted, not executed) | NOT RUN
-    observed: str = ""
-    limit: str = ""
-    seconds: float | None = None
-    note: str = ""
+def load_settings(path: Path = CONFIG) -> tuple[dict, dict[str, list[str]], tuple[str, ...], float]:
+    """configs/conformance.yaml -> (the stages' config without its `conformance` section, architecture ->
+    overrides, the fast slice, max_marked_share)."""
+    from pipeline.core.errors import ConfigError
+
+    base = yaml.safe_load(path.read_text()) or {}
+    own = base.pop("conformance", None) or {}
+    zoo = own.get("zoo") or {}
+    if not zoo or not all(isinstance(v, dict) for v in zoo.values()):
+        raise ConfigError(f"{path}: conformance.zoo must map each architecture to its overrides",
+                          hint="e.g. 'lcnet: {model.name: lcnet, data.channels: 3}'")
+    fmt = lambda v: v if isinstance(v, str) else json.dumps(v)      # noqa: E731  (an override's YAML value)
+    overrides = {arch: [f"{k}={fmt(v)}" for k, v in recipe.items()] for arch, recipe in zoo.items()}
+    return base, overrides, tuple(own.get("fast") or ()), float(own.get("max_marked_share", 0.05))
+
+
+_BASE, ZOO, FAST, MAX_MARKED_SHARE = load_settings()
 
 
 def _headline(gate: dict) -> tuple[str, str]:
@@ -96,52 +71,15 @@ def _headline(gate: dict) -> tuple[str, str]:
 
 def _chain(run_dir: Path) -> list[str]:
     """The stages this architecture's run went through (its task's chain in the catalogue)."""
-    import yaml
-
     from pipeline.core.catalogue import for_task
 
-    resolved = run_dir / "config.resolved.yaml"
-    task = (yaml.safe_load(resolved.read_text()) or {}).get("task") if resolved.is_file() else None
-    return for_task(task or "classification")
-
-
-def _chance(run_dir: Path) -> float:
-    """The primary metric of a model that guesses: 1/classes when the task names classes (classification, text
-    direction), else 0 (a CTC line or a detection page is never right by chance)."""
-    info = _read_json(run_dir / "train" / "info.json")
-    labels = (info.get("labels_info") or {}).get("labels") or []
-    return 1.0 / len(labels) if info.get("task") in ("classification", "text_direction") and labels else 0.0
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def too_close_to_chance(run_dir: Path) -> str:
-    """Why this architecture's low-precision rows mean nothing ("" when they do): its fp32 metric (the reference
-    every row is compared on) against chance + HEADROOM x the loosest low-precision metric_delta."""
-    import yaml
-
-    server = load_manifest(run_dir / "server") or load_manifest(run_dir / "server.failed") or {}
-    fp32 = next((g for g in server.get("gates", []) if g["subject"] == "paddle-inference fp32"), None)
-    resolved = run_dir / "config.resolved.yaml"
-    gates = ((yaml.safe_load(resolved.read_text()) or {}).get("server") or {}).get("gates", {}) \
-        if resolved.is_file() else {}
-    deltas = [float(gates[p]["metric_delta"]) for p in LOW_PRECISIONS if p in gates]
-    if fp32 is None or fp32.get("reference") is None or not deltas:
-        return ""
-    chance, metric = _chance(run_dir), float(fp32["reference"])
-    floor = chance + HEADROOM * max(deltas)
-    if metric >= floor:
-        return ""
-    return (f"fp32 {fp32['metric']} {metric:.3f} is below chance {chance:.3f} + {HEADROOM} x metric_delta "
-            f"{max(deltas):g} = {floor:.3f}: a model this close to chance has no decisions for low precision to "
-            "change, so this row's pass means nothing (train it longer to count it)")
+    return for_task(rules.resolved_config(run_dir).get("task") or "classification")
 
 
 def _stage_rows(arch: str, run_dir: Path, log_tail: str) -> list[Row]:
     rows: list[Row] = []
-    noise = too_close_to_chance(run_dir)
+    near, cfg = rules.standing(run_dir), rules.resolved_config(run_dir)
+    samples = int((load_manifest(run_dir / "train") or {}).get("info", {}).get("val_slice") or 0)
     for stage in _chain(run_dir):
         man = load_manifest(run_dir / stage) or load_manifest(run_dir / f"{stage}.failed")
         if man is None:
@@ -154,10 +92,11 @@ def _stage_rows(arch: str, run_dir: Path, log_tail: str) -> list[Row]:
         for g in man["gates"]:
             observed, limit = _headline(g)
             note = g.get("reason", "") if g["status"] != "OK" else ""
-            verdict = g["status"]
-            if noise and g.get("precision_requested") in LOW_PRECISIONS and verdict in ("OK", "FAIL"):
-                verdict, note = (MARKED, noise) if verdict == "OK" else (verdict, f"{note} (and {noise})")
-            rows.append(Row(arch, f"{stage}: {g['subject']}", verdict, observed, limit, g.get("seconds"), note))
+            coarse = rules.resolution(g, samples, cfg) if g["status"] in rules.EXECUTED and samples else ""
+            verdict, note, was = rules.mark(g["status"], note, g.get("precision_requested", ""), near)
+            note = "; ".join(filter(None, [note, coarse]))
+            rows.append(Row(arch, f"{stage}: {g['subject']}", verdict, observed, limit, g.get("seconds"), note,
+                            was, bool(coarse)))
     return rows
 
 
@@ -166,17 +105,19 @@ def _tail(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
-def run_arch(arch: str, root: Path, extra: list[str], timeout: float) -> list[Row]:
-    """One architecture, isolated: its own subprocess, run folder and logs."""
+def run_arch(arch: str, root: Path, extra: list[str], timeout: float, force: bool = False) -> list[Row]:
+    """One architecture, isolated: its own subprocess, run folder and logs. Stages whose fingerprint (config, inputs,
+    code, CPU kernels) is unchanged are reused, trained weights included; force re-runs every one."""
     overrides = [*ZOO[arch], f"run.root={root}", f"run.name={arch}", f"bundle.root={root / 'bundles'}",
                  "bundle.version=conformance", "run.quiet=true", *extra]
-    cmd = [sys.executable, "-m", "pipeline", "run", "all", "--force", "-c", str(CONFIG)]
+    cmd = [sys.executable, "-m", "pipeline", "run", "all", *(["--force"] if force else []), "-c", str(root / BASE_NAME)]
     for o in overrides:
         cmd += ["-o", o]
     log_dir = root / arch
-    for old in (log_dir, root / "bundles" / f"{arch}-conformance"):    # a fresh run every time
-        shutil.rmtree(old, ignore_errors=True)
-    (root / "bundles" / f"{arch}-conformance.tar.gz").unlink(missing_ok=True)
+    if force:
+        for old in (log_dir, root / "bundles" / f"{arch}-conformance"):
+            shutil.rmtree(old, ignore_errors=True)
+        (root / "bundles" / f"{arch}-conformance.tar.gz").unlink(missing_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
@@ -187,8 +128,8 @@ def run_arch(arch: str, root: Path, extra: list[str], timeout: float) -> list[Ro
         out, err = str(exc.stdout or ""), f"{exc.stderr or ''}\ntimeout after {timeout:g}s"
     atomic_write_text(log_dir / "run.log", f"$ {' '.join(cmd)}\n{out}\n--- stderr ---\n{err}")
     rows = _stage_rows(arch, log_dir, _tail(err))
-    rows.insert(0, Row(arch, "chain (wall time)", "OK" if all(r.verdict in (*PASSING, MARKED) for r in rows) else "FAIL",
-                       seconds=round(time.perf_counter() - t0, 1)))
+    chain_ok = all(r.verdict in (*rules.PASSING, rules.MARKED) for r in rows)
+    rows.insert(0, Row(arch, "chain (wall time)", "OK" if chain_ok else "FAIL", seconds=round(time.perf_counter() - t0, 1)))
     rows.append(_verify_row(arch, root / "bundles" / f"{arch}-conformance", env, log_dir))
     return rows
 
@@ -231,55 +172,68 @@ def render(rows: list[Row], console: Console | None = None) -> None:
         console.print(n, highlight=False, soft_wrap=True, markup=False)
 
 
-def markdown(rows: list[Row]) -> str:
-    out = ["| architecture | row | verdict | observed | limit | time s | note |", "|---|---|---|---|---|---|---|"]
+def markdown(rows: list[Row], standings: dict[str, str]) -> str:
+    out = ["| architecture | fp32 against chance |", "|---|---|", *(f"| {a} | {s} |" for a, s in standings.items()), "",
+           "| architecture | row | verdict | observed | limit | time s | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         sec = "" if r.seconds is None else f"{r.seconds:.1f}"
-        note = r.note.replace("|", "/")[:200]
+        note = r.note.replace("|", "/")[:300]
         out.append(f"| {r.arch} | {r.row} | {r.verdict} | {r.observed} | {r.limit} | {sec} | {note} |")
     return "\n".join(out) + "\n"
 
 
-def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: float = 1800) -> tuple[list[Row], int]:
+def _standings(models: list[str], root: Path) -> dict[str, str]:
+    """Each architecture's fp32 metric beside chance, the floor its low-precision rows need and its margin."""
+    lines = {}
+    for arch in models:
+        st = rules.standing(root / arch)
+        lines[arch] = (st.line() + (" NEAR CHANCE: its low-precision rows are MARKED" if st.near_chance else "")) \
+            if st else "no fp32 Paddle Inference row with a metric"
+    return lines
+
+
+def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: float = 1800, force: bool = False,
+        max_marked_share: float | None = None) -> tuple[list[Row], int]:
     from pipeline.core.errors import ConfigError
 
     unknown = [m for m in models if m not in ZOO]
     if unknown:
         raise ConfigError(f"unknown conformance architecture(s): {', '.join(unknown)}", hint=f"choose from {', '.join(ZOO)}")
+    share = MAX_MARKED_SHARE if max_marked_share is None else max_marked_share
+    if not 0 <= share <= 1:
+        raise ConfigError(f"max marked share {share:g} is not a share of rows", hint="pass a value from 0 to 1, e.g. 0.05")
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / BASE_NAME, yaml.safe_dump(_BASE, sort_keys=False))
     rows: list[Row] = []
+    t0 = time.perf_counter()
     for arch in models:
         print(f"[conformance] {arch} ...", file=sys.stderr, flush=True)
-        rows += run_arch(arch, root, list(extra or []), timeout)
+        rows += run_arch(arch, root, list(extra or []), timeout, force)
+    standings = _standings(models, root)
+    counts = rules.verdict_counts(rows)
+    code, why = rules.verdict(counts, share)
     write_json(root / "conformance.json", {"models": models, "extra_overrides": list(extra or []),
+                                           "max_marked_share": share, "standings": standings, "counts": counts,
+                                           "seconds": round(time.perf_counter() - t0, 1),
                                            "rows": [asdict(r) for r in rows]})
-    atomic_write_text(root / "conformance.md", markdown(rows))
+    atomic_write_text(root / "conformance.md", markdown(rows, standings))
     render(rows)
-    counts = verdict_counts(rows)
-    print(f"conformance: {len(models)} architectures, {len(rows)} rows: {counts_line(counts)}; "
-          f"results in {root / 'conformance.md'}", file=sys.stderr)
-    return rows, 1 if counts["failed"] or counts["not run"] else 0
-
-
-def verdict_counts(rows: list[Row]) -> dict[str, int]:
-    """Executed-and-passed apart from what never executed: a SKIPPED or UNVERIFIED row is not a pass, nor a MARKED
-    one (a low-precision pass on a model too close to chance)."""
-    rows = [r for r in rows if r.row != "chain (wall time)"]        # a summary of the others, not a row
-    count = lambda *v: sum(r.verdict in v for r in rows)             # noqa: E731
-    return {"executed OK": count("OK"), "marked (near chance)": count(MARKED), "skipped": count("SKIPPED"),
-            "unverified": count("UNVERIFIED"), "failed": count("FAIL"), "not run": count("NOT RUN")}
-
-
-def counts_line(counts: dict[str, int]) -> str:
-    return ", ".join(f"{v} {k}" for k, v in counts.items())
+    for arch, line in standings.items():
+        print(f"{arch}: {line}", file=sys.stderr)
+    print(f"conformance: {len(models)} architectures, {len(rows)} rows in {time.perf_counter() - t0:.0f} s: "
+          f"{rules.counts_line(counts)}; results in {root / 'conformance.md'}", file=sys.stderr)
+    if why:
+        print(f"conformance failed: {why}", file=sys.stderr)
+    return rows, code
 
 
 def main(args) -> int:
     from pipeline.core.config import split_overrides
 
     models = [m for part in (args.models or []) for m in part.split(",") if m] or list(FAST if args.fast else ZOO)
-    return run(models, Path(args.root), [*args.override, *split_overrides(args.overrides)], args.timeout)[1]
+    return run(models, Path(args.root), [*args.override, *split_overrides(args.overrides)], args.timeout, args.force,
+               args.max_marked_share)[1]
 
 
 def register(sub) -> None:
@@ -292,4 +246,9 @@ def register(sub) -> None:
     p.add_argument("-O", "--overrides", default="", metavar="'K=V K2=V2'",
                    help="several overrides in one string (what `make conformance O=...` passes)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per architecture")
+    p.add_argument("--force", action="store_true", help="re-run every stage (default: reuse those whose fingerprint "
+                   "is unchanged, trained weights included)")
+    p.add_argument("--max-marked-share", type=float, default=None, metavar="SHARE",
+                   help=f"fail above this share of executed rows MARKED near chance (default: configs/conformance.yaml, "
+                        f"{MAX_MARKED_SHARE:g})")
     p.set_defaults(func=main)

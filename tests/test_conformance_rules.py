@@ -1,0 +1,121 @@
+"""How `make conformance` judges its rows, on fabricated run folders (no training): near-chance rows MARKED whatever
+their verdict, the marked-share exit rule, gates that cannot resolve their limit, the zoo read from its config."""
+import json
+
+import pytest
+import yaml
+
+from pipeline.nightly import conformance, conformance_rules as rules
+
+GATES = {"fp32": {"metric_delta": 0.0, "max_correct_lost": 0.0}, "fp16": {"metric_delta": 0.03, "max_correct_lost": 0.05},
+         "bf16": {"metric_delta": 0.03, "max_correct_lost": 0.05}, "int8": {"metric_delta": 0.04, "max_correct_lost": 0.05}}
+
+
+def _gate(subject: str, prec: str, status: str, ref: float, metric: str, of: int | None = None) -> dict:
+    key = f"server.gates.{prec}"
+    checks = [{"name": "max_abs_diff", "observed": 0.1, "limit": 0.5, "op": "<=", "passed": True, "key": "", "detail": ""},
+              {"name": f"{metric}_drop", "observed": 0.0, "limit": GATES[prec]["metric_delta"], "op": "<=",
+               "passed": status == "OK", "key": f"{key}.metric_delta", "detail": ""}]
+    if of is not None:
+        checks.append({"name": "correct_lost", "observed": 0.0, "limit": GATES[prec]["max_correct_lost"], "op": "<=",
+                       "passed": True, "key": f"{key}.max_correct_lost",
+                       "detail": f"0 of {of} correctly read samples turn wrong"})
+    return {"subject": subject, "precision_requested": prec, "status": status, "metric": metric, "reference": ref,
+            "checks": checks, "reason": "" if status == "OK" else f"{metric}_drop 0.09 > limit 0.04", "seconds": 1.0}
+
+
+def _fake_run(root, metric_value: float, int8_status: str = "OK", task: str = "classification", samples: int = 512):
+    """A conformance run folder as the chain leaves it: train info and manifest, server manifest, resolved config."""
+    run = root / "arch"
+    for stage in ("train", "server"):
+        (run / stage).mkdir(parents=True)
+    labels = [str(i) for i in range(36)] if task == "classification" else []
+    (run / "train" / "info.json").write_text(json.dumps({"task": task, "labels_info": {"labels": labels}}))
+    (run / "train" / "manifest.json").write_text(json.dumps({"gates": [], "info": {"val_slice": samples}}))
+    metric = "accuracy" if task == "classification" else "seq_accuracy"
+    of = round(metric_value * samples) if task == "recognition" else None
+    gates = [_gate("paddle-inference fp32", "fp32", "OK", metric_value, metric, of),
+             _gate("paddle-inference fp16", "fp16", "OK", metric_value, metric, of),
+             _gate("paddle-inference int8", "int8", int8_status, metric_value, metric, of)]
+    (run / "server" / "manifest.json").write_text(json.dumps({"gates": gates}))
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump({"task": task, "server": {"gates": GATES}}))
+    return run
+
+
+@pytest.mark.parametrize("accuracy, int8_status, verdict, would_be", [
+    (0.10, "OK", "MARKED", "OK"), (0.10, "FAIL", "MARKED", "FAIL"), (0.10, "EXCLUDED", "MARKED", "EXCLUDED"),
+    (0.30, "OK", "OK", ""), (0.30, "FAIL", "FAIL", "")])
+def test_a_low_precision_row_near_chance_is_marked_whatever_its_verdict(tmp_path, accuracy, int8_status, verdict,
+                                                                        would_be):
+    """36 classes: chance 0.028 + 5 x int8's 0.04 = 0.228. Below it every executed fp16/bf16/int8 row is MARKED, pass or
+    fail, with the reason and the verdict it would have had; above it the gate's verdict stands; fp32 rows always
+    count (exact parity on any weights)."""
+    rows = {r.row: r for r in conformance._stage_rows("arch", _fake_run(tmp_path, accuracy, int8_status), "")}
+    assert rows["server: paddle-inference fp32"].verdict == "OK"
+    int8 = rows["server: paddle-inference int8"]
+    assert (int8.verdict, int8.would_be) == (verdict, would_be)
+    if verdict == "MARKED":
+        assert "0.228" in int8.note and "chance 0.028" in int8.note and f"would be {int8_status}" in int8.note
+    counts = rules.verdict_counts(list(rows.values()))
+    assert counts["marked (near chance)"] == (2 if accuracy < 0.228 else 0)
+    assert counts["marked that would fail"] == (accuracy < 0.228 and int8_status != "OK")
+    assert counts["failed"] == (verdict == "FAIL") + 1          # + export: no manifest in this fake run
+
+
+def test_standing_prints_fp32_beside_chance_and_margin(tmp_path):
+    st = rules.standing(_fake_run(tmp_path, 0.5))
+    assert (st.chance, st.budget) == (pytest.approx(1 / 36), 0.04) and not st.near_chance
+    assert st.line() == "fp32 accuracy 0.500, chance 0.028, floor 0.228 (+5 x 0.04), margin +0.272"
+
+
+def test_a_recogniser_has_no_chance_and_its_lost_lines_need_enough_correct_samples(tmp_path):
+    """CTC lines are never right by chance (floor 0.2). 39 correctly read lines of 512: one moves the lost-lines
+    share by 0.026, and resolving 0.05 needs 80 (one line <= 0.0125): the row says so; its verdict stands."""
+    run = _fake_run(tmp_path, 39 / 512, task="recognition")
+    assert rules.standing(run).floor == pytest.approx(0.2)
+    rows = {r.row: r for r in conformance._stage_rows("arch", run, "")}
+    fp16 = rows["server: paddle-inference fp16"]
+    assert fp16.verdict == "MARKED" and fp16.unresolved
+    assert "correct_lost could not resolve its limit 0.05: one of 39 correctly read samples" in fp16.note
+    assert ">= 80" in fp16.note and "seq_accuracy_drop" not in fp16.note     # 512 samples resolve 0.03 (needs 134)
+    assert not rows["server: paddle-inference fp32"].unresolved              # limit 0 is exact
+
+
+def test_few_samples_cannot_resolve_a_metric_delta(tmp_path):
+    gate = _gate("onnxruntime int8", "int8", "OK", 0.9, "accuracy")
+    cfg = {"server": {"gates": GATES}}
+    assert rules.resolution(gate, 100, cfg) == ""                          # 4 / 0.04 = 100 samples
+    why = rules.resolution(gate, 64, cfg)
+    assert why.startswith("accuracy_drop could not resolve its limit 0.04: one of 64 samples moves it by 0.0156")
+    # the HTTP row judges only its requests: 16 of them, whatever the validation slice holds
+    http = {**gate, "extra": {"requests": 16}}
+    assert "one of 16 samples" in rules.resolution(http, 512, cfg)
+    http["checks"][1]["detail"] = "metric_delta 0.04 < one sample of 16 (0.0625): one sample allowed"
+    assert "one of 16 samples" in rules.resolution({**http, "extra": {}}, 512, cfg)
+
+
+def _counts(ok=0, marked=0, failed=0, not_run=0, skipped=0):
+    rows = [rules.Row("a", f"r{i}", v) for i, v in enumerate(["OK"] * ok + ["MARKED"] * marked + ["FAIL"] * failed
+                                                          + ["NOT RUN"] * not_run + ["SKIPPED"] * skipped)]
+    return rules.verdict_counts([rules.Row("a", "chain (wall time)", "OK"), *rows])
+
+
+def test_too_many_marked_rows_fail_the_run_and_skipped_ones_do_not_count():
+    assert rules.verdict(_counts(ok=95, marked=5, skipped=50), 0.05) == (0, "")
+    code, why = rules.verdict(_counts(ok=94, marked=6, skipped=50), 0.05)
+    assert code == 1 and "6 of 100 executed rows MARKED near chance (6.0% > conformance.max_marked_share 5.0%)" in why
+    assert rules.verdict(_counts(ok=10, failed=1), 0.05)[0] == 1
+    assert rules.verdict(_counts(ok=10, not_run=1), 0.05)[0] == 1
+    assert rules.verdict(_counts(), 0.05) == (0, "")
+
+
+def test_the_zoo_comes_from_its_config_and_its_section_never_reaches_the_stages(tmp_path):
+    base, zoo, fast, share = conformance.load_settings()
+    assert "conformance" not in base and base["train"]["min_metric"] == 0.0
+    assert set(fast) <= set(zoo) and 0 < share < 1 and zoo == conformance.ZOO
+    assert all(any(o.startswith("model.name=") for o in ovr) for ovr in zoo.values())
+    bad = tmp_path / "c.yaml"
+    bad.write_text("conformance: {zoo: {lcnet: [model.name=lcnet]}}\n")
+    from pipeline.core.errors import ConfigError
+    with pytest.raises(ConfigError, match="conformance.zoo must map each architecture to its overrides"):
+        conformance.load_settings(bad)
