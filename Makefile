@@ -24,6 +24,8 @@ PADDLE_gpu := paddlepaddle-gpu==2.6.2
 ARGS = -c $(CONFIG) -O "$$O"
 export FORCE O
 
+
+.PHONY: lint
 .PHONY: setup train export deploy server lite bundle all test test-ocr test-fast test-reversed test-profiles bench bench-train amp-bench \
         bench-deploy nightly accept history verify serve summary clean conformance fetch-ppocr real-ocr bench-ocr rapidocr3-venv \
         bench-batching bench-lowprec fetch-ppocr-v5 real-ocr-v5 pir-reference pir-check fetch-ppocr-v6 real-ocr-v6 bench-ocr-all \
@@ -62,6 +64,10 @@ all: $(STAMP)
 
 summary: $(STAMP)
 	$(PY) -m pipeline summary $(ARGS)
+
+# the linter's rules and why: pyproject.toml [tool.ruff]
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 test: $(STAMP) $(KSERVE_STAMP)
 	$(PY) -m pytest -q tests

@@ -3,10 +3,10 @@
 Import-order guards live here because every entry point (CLI, tests, Lite child processes)
 imports this package before anything touches paddle.
 """
-import zlib  # noqa: F401  -- must precede paddle: libpaddle exports its own zlib symbols (segfault otherwise)
+import zlib
 
 from pipeline.core.env import apply_cpu_tuning as _apply_cpu_tuning
-from pipeline.core.version import __version__  # noqa: F401
+from pipeline.core.version import __version__ as __version__
 
 _apply_cpu_tuning()
 # Paddle's C++ INFO/WARNING chatter (executor banners, deprecations) drowns the summary; errors stay visible

@@ -7,7 +7,7 @@ from pipeline.core import supervise
 if supervise.wanted(sys.argv[1:]):          # a kernel-killed stage then gets a clear line
     sys.exit(supervise.run_supervised(sys.argv[1:]))
 
-from pipeline.cli import INTERRUPTED, main  # noqa: E402
+from pipeline.cli import INTERRUPTED, main
 
 code = main()
 if code == INTERRUPTED:

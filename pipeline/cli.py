@@ -12,7 +12,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.console import set_quiet, setup_logging
 from pipeline.core.session import load, run_stages
 
-import stages  # noqa: F401,E402  -- registers every stage in the catalogue (the CLI sits above `stages`)
+import stages
 
 
 INTERRUPTED = 130

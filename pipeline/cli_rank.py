@@ -13,8 +13,8 @@ if __name__ == "__main__":
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import pipeline  # noqa: F401  -- zlib before paddle, CPU tuning before paddle loads
-    import stages  # noqa: F401  -- registers the stages in the catalogue
+    import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+    import stages
     from pipeline.training.rank_worker import _worker
 
     sys.exit(_worker(sys.argv[1:]))

@@ -23,9 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle, CPU tuning)
-from pipeline.core.config import load_config  # noqa: E402
-from pipeline.nightly.regression import latency_ab  # noqa: E402
+from pipeline.core.config import load_config
+from pipeline.nightly.regression import latency_ab
 
 LOAD = "import time\nend = time.time() + {s}\nx = 0\nwhile time.time() < end:\n    x += 1\n"
 

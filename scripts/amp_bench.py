@@ -29,8 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
-from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+from bench_child import LineChild
 
 # name -> (config, overrides, batch, train samples); small data: the table compares modes, not recipes
 MODELS = {

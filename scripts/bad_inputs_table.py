@@ -5,7 +5,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import bad_inputs_cases  # noqa: E402
+import bad_inputs_cases
 
 out = ROOT / "docs" / "bad_inputs.md"
 out.write_text(bad_inputs_cases.table())

@@ -24,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
-from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError
 
 IMAGES = ROOT / "tests" / "data" / "real_images"
 TARGETS = {"all_vs_one": 1.6, "one_vs_single": 0.9}

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import http_load  # noqa: E402
+import http_load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def _bodies(bundle: Path) -> tuple[str, list[bytes]]:
     """(route, request bodies) for a bundle."""
     import numpy as np
 
-    import pipeline  # noqa: F401  (zlib before paddle)
+    import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
     from pipeline.bundle import layout as bundle_layout
     from pipeline.bundle.format import load_infer_config
 
@@ -64,7 +64,7 @@ def _ocr_runners(threads: int, max_batch: int) -> tuple[dict, list]:
     shared between the two), and the real pages (BGR)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import pipeline  # noqa: F401
+    import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
     from pipeline.core.config import load_config
     from pipeline.tasks import ppocr_system
     from pipeline.serving.ocr_routes import _PageRunner

@@ -19,14 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import pipeline  # noqa: E402,F401  (zlib + CPU tuning before paddle)
-from pipeline.bundle import layout as bundle_layout  # noqa: E402
+import pipeline
+from pipeline.bundle import layout as bundle_layout
 from pipeline.core import env
-from pipeline.core.config import load_config, split_overrides  # noqa: E402
-from pipeline.engines.base import Engine  # noqa: E402
-from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.core.config import load_config, split_overrides
+from pipeline.engines.base import Engine
+from pipeline.core.errors import PipelineError
 
 EAGER = "eager dygraph"
 AS_BEFORE = "paddle-inference as configured before (oneDNN+IR, all cores, one predictor)"

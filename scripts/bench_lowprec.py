@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import pipeline  # noqa: E402,F401  (zlib + CPU tuning before paddle)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 
 def model_bundle(path: Path, part: str) -> Path:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, Rapid, Rapid3, Rapid3Worker,  # noqa: E402,F401
+from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, Rapid, Rapid3, Rapid3Worker,  # noqa: F401  (re-exported: tests import the peers from here)
                        agreement as _agreement, interleaved as _interleaved, known as _known, pages as _pages,
                        cpu, finish, rapid_models, set_threads, texts_of, warmup_name)
-from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError
 
 TARGETS = {"agreement": 0.95}
 REF = "rapid"           # RapidOCR 1.4.4 (ONNX Runtime fp32): the fp32 reference of every system's lines
@@ -151,8 +151,8 @@ def report(res: dict) -> bool:
         t.add_column(f"{n}: lines/same/known", no_wrap=True)
     t.add_column("ours read", no_wrap=True)
     for r in res["rows"]:
-        cell = lambda n: f"{r[n]['lines']}/{r[n]['same']}/" + (("yes" if r[n]["known"] else "NO") if r["known"]
-                                                               else "-")   # noqa: E731
+        cell = lambda n, r=r: f"{r[n]['lines']}/{r[n]['same']}/" + (("yes" if r[n]["known"] else "NO") if r["known"]
+                                                               else "-")
         t.add_row(r["image"], str(r["ref_lines"]), *[cell(n) for n in names], r["ours"]["read"])
     con.print(t)
     t = Table(title=f"{res['timed']} real images timed after one warm-up page (scored), 1 thread, timed interleaved "

@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement, cpu, finish,  # noqa: E402
+from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement, cpu, finish,
                        interleaved, known, pages, texts_of, warmup_name)
-from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError
 
 BASE = "rapid3"                         # RapidOCR 3.10 as shipped: the base of every ratio
 RAPID3 = {BASE: "onnxruntime", "rapid3-ov-f32": "openvino-f32", "rapid3-ov": "openvino"}
@@ -126,11 +126,11 @@ def decompose(systems: dict) -> list[dict]:
     configuration: rapid3-on-vN / RapidOCR 3.10 as shipped (one engine: our models and resize vs its own);
     at_rapid_resize: ours-vN@rapid / RapidOCR 3.10 as shipped (same resize: models, precision and engine left)."""
     out = []
-    for n, v in systems.items():
+    for n in systems:
         control = f"rapid3-on-{n.removeprefix('ours-')}"
         if not n.startswith("ours-") or "@" in n or BASE not in systems or control not in systems:
             continue
-        pps = lambda k: systems[k]["pages_per_s"]            # noqa: E731
+        pps = lambda k: systems[k]["pages_per_s"]
         row = {"system": n, "headline": pps(n) / pps(BASE), "engine": pps(n) / pps(control),
                "configuration": pps(control) / pps(BASE)}
         if f"{n}@rapid" in systems:

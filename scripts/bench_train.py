@@ -33,12 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import pipeline  # noqa: E402,F401  -- zlib before paddle (this process never imports paddle itself)
-from bench_child import LineChild  # noqa: E402  (scripts/ is sys.path[0] when run as a script)
+from bench_child import LineChild
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from pipeline.core import env  # noqa: E402
+from pipeline.core import env
 
 STRIP = (*env.TUNING_VARS, "KMP_BLOCKTIME", env.TUNED_MARK, env.LAUNCHER_MARK, "PIPELINE_TUNING_WHY")
 
@@ -223,7 +222,7 @@ def rows(args, cores: int):
     from pipeline.core.process_layout import plan
 
     mkl = {"MKL_DEBUG_CPU_TYPE": "5"} if env.cpu_vendor() == "AuthenticAMD" else {}
-    th = lambda n: {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}  # noqa: E731
+    th = lambda n: {"OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
     out = [("plain, untuned (Paddle defaults)", "plain", 1, {}, None),
            ("plain 1 proc × 1 thread", "plain", 1, {**mkl, **th(1)}, None)]
     if cores > 1:

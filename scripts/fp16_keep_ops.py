@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+import numpy as np
+import yaml
 
-import tuning_split  # noqa: E402  (scripts/tuning_split.py)
+import tuning_split
 
 
 def judge(run_dir: Path, keep: list[str], tmp: Path, batch: int, threads: int, split=None) -> dict:

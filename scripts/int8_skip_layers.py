@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
-import numpy as np  # noqa: E402
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+import numpy as np
 
-import tuning_split  # noqa: E402  (scripts/tuning_split.py)
+import tuning_split
 
 
 def judge(task, tol, prefix: str, x, ref_out, labels, batch: int, threads: int) -> dict:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 
 def _onnx_of(model_cfg: dict, work: Path, role: str) -> Path:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
-import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 
 def measure(run_dir: Path, batch: int = 64) -> list[dict]:
@@ -32,8 +32,8 @@ def measure(run_dir: Path, batch: int = 64) -> list[dict]:
     ref = load_reference(run_dir / "export")
     task, x, labels = ref.task, ref.inputs, ref.labels
     fp32 = InferenceEngine(ref.model_prefix, "fp32", threads=1).run_batched(x, batch)
-    rows = [_row(run_dir.name, "export vs fp32", ref.outputs, fp32, task, labels, base)]
     base = task.metrics(fp32, labels)[task.primary_metric]
+    rows = [_row(run_dir.name, "export vs fp32", ref.outputs, fp32, task, labels, base)]
     with tempfile.TemporaryDirectory() as tmp:
         for dt in ("fp16", "bf16"):
             make_fp16_emulated(ref.model_prefix, Path(tmp) / dt / "model", dt)

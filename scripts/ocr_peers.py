@@ -11,10 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
-from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError
 
 
 def set_threads(n: int | None = None) -> None:
@@ -245,13 +244,13 @@ def agreement(a: list, b: list) -> int:
     """Lines of `a` identical to a line of `b` whose box it matches at IoU >= 0.5 (one to one)."""
     from pipeline.ocr.det_metric import match
 
-    q = lambda lines: np.array([bx for bx, _ in lines], np.float32).reshape(-1, 4, 2)   # noqa: E731
+    q = lambda lines: np.array([bx for bx, _ in lines], np.float32).reshape(-1, 4, 2)
     return sum(a[i][1] == b[j][1] for i, j in match(q(a), q(b), 0.5))
 
 
 def known(name: str, lines: list[str]) -> bool:
     """Every known text of the image read (spaces ignored), in one line or across the joined lines."""
-    flat = lambda s: "".join(s.split())        # noqa: E731
+    flat = lambda s: "".join(s.split())
     return all(any(flat(k) in flat(t) for t in lines + ["".join(lines)]) for k in KNOWN.get(name, []))
 
 

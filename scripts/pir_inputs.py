@@ -4,7 +4,7 @@ from their inference.yml. `make pir-reference` runs it, then Paddle 3 and ONNX R
 
   .venv/bin/python scripts/pir_inputs.py [V5_DIR] [OUT]
 """
-import zlib  # noqa: F401  (before paddle, via the pipeline package)
+import zlib
 
 import sys
 from pathlib import Path

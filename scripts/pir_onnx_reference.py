@@ -4,7 +4,7 @@ Paddle 3, that pipeline/models/pir.py translates right. `make pir-reference` run
 
   .venv/bin/python scripts/pir_onnx_reference.py [OUT]
 """
-import zlib  # noqa: F401
+import zlib
 
 import sys
 import zipfile

@@ -8,14 +8,13 @@ here with the constants stored beside them (the test normalises the same way). o
 on the PP-OCRv5 json with it on (Paddle #79749). Only a slice of each output is kept (pipeline/models/pir_slices.py).
 """
 import os
-import sys
 
 os.environ.setdefault("FLAGS_use_mkldnn", "0")
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
+import argparse
+import importlib.util
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 _spec = importlib.util.spec_from_file_location(     # by path: the pipeline package needs the pipeline's .venv
     "pir_slices", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pipeline", "models", "pir_slices.py"))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 ROOT = Path(__file__).resolve().parent.parent
 T: dict[str, float] = defaultdict(float)

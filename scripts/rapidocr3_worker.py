@@ -143,7 +143,7 @@ def main() -> int:
             return 0
         try:
             pickle.dump(("ok", _call(inst[mode], what, img)), out)
-        except Exception as exc:        # noqa: BLE001  (reported to the parent, which exits with it)
+        except Exception as exc:
             pickle.dump(("error", f"{type(exc).__name__}: {exc}"), out)
         out.flush()
 

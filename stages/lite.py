@@ -17,7 +17,6 @@ import numpy as np
 
 from pipeline.bundle import layout as bundle_layout
 from pipeline.core.artifacts import write_json
-from pipeline.core.errors import PipelineError
 from pipeline.core.capabilities import host_arch
 from pipeline.core.gates import FAIL, OK, Check, Gate, evaluate_tol, run_row, skipped, unverified
 from pipeline.core.runner import Stage, StageContext, StageResult

@@ -25,7 +25,6 @@ from pipeline.training.validation import validation_gate
 
 
 def run(ctx: StageContext) -> StageResult:
-    import paddle  # noqa: F401  (loaded before the model code, as the stage always did)
 
     from pipeline.training.distributed import world
     from pipeline.training.loop import require_visualdl, train_model

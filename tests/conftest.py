@@ -5,14 +5,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import pipeline  # noqa: E402,F401  -- zlib before paddle, CPU tuning before paddle loads
-import stages  # noqa: E402,F401  -- registers the stages in the catalogue, as `python -m pipeline` does
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
+import stages
 
 
-import json  # noqa: E402
-import subprocess  # noqa: E402
+import json
+import subprocess
 
-import pytest  # noqa: E402
+import pytest
 
 SMOKE_OVERRIDES = ("-c", "configs/smoke.yaml", "-o", "run.name=smoke", "-o", "train.min_metric=0.05")
 

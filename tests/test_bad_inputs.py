@@ -14,17 +14,15 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bad_inputs_cases as corpus  # noqa: E402
+import bad_inputs_cases as corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

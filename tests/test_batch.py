@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bad_inputs_cases import png_header  # noqa: E402
+from bad_inputs_cases import png_header
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

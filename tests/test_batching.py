@@ -5,7 +5,6 @@ import asyncio
 import time
 
 import numpy as np
-import pytest
 
 from test_serve import H, W, _png, tiny_model  # noqa: F401  (the fixture)
 
@@ -35,7 +34,7 @@ class _Busy(Engine):
         return self.inner.run(x)
 
 
-def _app(tiny_model, mode: str, engine):  # noqa: F811
+def _app(tiny_model, mode: str, engine):
     from pipeline.serving.predict import create_app_from_model
 
     return create_app_from_model(*tiny_model, engine=engine, max_concurrency=16, batching={"mode": mode, "max_batch": 8,
@@ -49,7 +48,7 @@ async def _post_all(app, requests: list[dict]) -> list:
         return await asyncio.gather(*(c.post("/predict", params={"outputs": "1"}, **r) for r in requests))
 
 
-def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(tiny_model):  # noqa: F811
+def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(tiny_model):
     imgs = np.random.default_rng(3).integers(0, 256, size=(12, H, W), dtype=np.uint8)
     reqs = [{"content": _png(i), "headers": {"content-type": "image/png"}} for i in imgs]
     engine = _Busy(tiny_model[0])
@@ -75,7 +74,7 @@ async def _post_all_one_by_one(app, requests: list[dict]) -> list:
     return out
 
 
-def test_a_failing_request_does_not_fail_the_others(tiny_model):  # noqa: F811
+def test_a_failing_request_does_not_fail_the_others(tiny_model):
     rng = np.random.default_rng(4)
     xs = [rng.standard_normal((1, 1, H, W)).astype(np.float32) for _ in range(6)]
     xs[3][0, 0, 0, 0] = _Busy.POISON
@@ -127,7 +126,7 @@ def test_coalescer_groups_by_key_and_bounds_the_batch():
     assert all(len(b) <= 3 and len({s[0] for s in b}) == 1 for b in seen)
 
 
-def test_the_choice_is_measured_and_recorded(tiny_model):  # noqa: F811
+def test_the_choice_is_measured_and_recorded(tiny_model):
     from pipeline.serving.batching import decide, describe
     from pipeline.engines.paddle_infer import InferenceEngine
 
@@ -148,7 +147,7 @@ def test_the_choice_is_measured_and_recorded(tiny_model):  # noqa: F811
     assert forced["enabled"] and "measured" not in forced and forced["reason"] == "serve.batching.mode=on"
 
 
-def test_health_reports_the_choice(tiny_model):  # noqa: F811
+def test_health_reports_the_choice(tiny_model):
     from fastapi.testclient import TestClient
 
     with TestClient(_app(tiny_model, "off", None)) as c:

@@ -9,7 +9,7 @@ from pipeline.data.det_labels import load_det_label_file
 from pipeline.data.invoice_pages import FIELDS, KEYS_LATIN, load_or_render, unpack_quads
 from pipeline.core.errors import DataError
 from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
-from pipeline.ocr.db_targets import batch_targets, make_targets
+from pipeline.ocr.db_targets import batch_targets
 from pipeline.ocr.det_metric import detection_scores, match
 from pipeline.ocr.system_metrics import agreement, extract_fields, system_scores
 

@@ -1,5 +1,5 @@
 """Paddle Inference engine, fp16 emulation, PTQ int8 and MAC counting on a tiny CNN (fast: < 60 s)."""
-import zlib  # noqa: F401  (before paddle)
+import zlib
 
 import numpy as np
 import paddle

@@ -3,7 +3,7 @@
 Tiny models are built once per module (dygraph -> jit.save, plus one PaddleSlim PTQ model).
 Every Lite call runs in a child process, so a Lite abort must surface as EngineCrash here.
 """
-import zlib  # noqa: F401  (must precede paddle)
+import zlib
 
 import sys
 from pathlib import Path
@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow bare `pytest` without an installed package
     sys.path.insert(0, str(ROOT))
 
-import paddle  # noqa: E402
+import paddle
 
-from pipeline.core.capabilities import host_arch  # noqa: E402
-from pipeline.engines import lite, program_repair  # noqa: E402
-from pipeline.core.errors import DataError, EngineCrash, MissingArtifact  # noqa: E402
+from pipeline.core.capabilities import host_arch
+from pipeline.engines import lite, program_repair
+from pipeline.core.errors import DataError, EngineCrash, MissingArtifact
 
 SHAPE = [-1, 1, 32, 32]
 

@@ -3,7 +3,7 @@
 Precision labels are checked against their evidence, whatever this CPU can do: "int8" only when int8
 kernels really run (ORT: QLinear*/…Integer nodes in the optimized graph; OpenVINO: i8/u8 runtime precision).
 """
-import zlib  # noqa: F401  (before paddle)
+import zlib
 
 import numpy as np
 import paddle

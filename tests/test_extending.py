@@ -48,9 +48,9 @@ class ToySign(Task):
     def load_data(self, data_cfg: dict, seed: int) -> Datasets:
         rng = np.random.default_rng(seed)
         w = rng.normal(size=(int(np.prod(SHAPE)), 2)).astype(np.float32)
-        make = lambda n: rng.normal(size=(n, *SHAPE)).astype(np.float32)     # noqa: E731
+        make = lambda n: rng.normal(size=(n, *SHAPE)).astype(np.float32)
         tr, va = make(64), make(64)
-        label = lambda x: np.argmax(x.reshape(len(x), -1) @ w, axis=1).astype(np.int64)   # noqa: E731
+        label = lambda x: np.argmax(x.reshape(len(x), -1) @ w, axis=1).astype(np.int64)
         return Datasets(Split(tr, label(tr)), Split(va, label(va)), {"labels": ["first", "second"], "w": w})
 
     def build_model(self, model_cfg: dict, info: dict):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import signal
 import socket
 import subprocess
@@ -34,7 +33,7 @@ def _png(h=16, w=16) -> bytes:
 
 
 @pytest.fixture
-def server(tiny_model):  # noqa: F811
+def server(tiny_model):
     from pipeline.serving.limits import HttpLimits
     from pipeline.serving.http_common import BackgroundServer
     from pipeline.serving.predict import create_app_from_model
@@ -136,7 +135,7 @@ def test_keepalive_connection_is_closed_when_idle(server):
     s.close()
 
 
-def test_slow_inference_still_holds_its_slot(tiny_model):  # noqa: F811
+def test_slow_inference_still_holds_its_slot(tiny_model):
     """Bodies complete, inference in progress: those count, and more get 429."""
     import httpx
 
@@ -254,7 +253,7 @@ def _health_under_uploads(url: str, body: bytes, n: int) -> tuple[list[int], lis
     return statuses, health_ms
 
 
-def test_health_answers_while_30_big_pages_are_decoded(tiny_model):  # noqa: F811
+def test_health_answers_while_30_big_pages_are_decoded(tiny_model):
     """Issue 30: 30 concurrent 16-megapixel pages stalled /health for 6.1 s while they were decoded on the
     event loop. Decoding runs on the prep pool now: /health keeps answering. The bound is generous (1 s, not
     the 100 ms target) because this host may be shared; docs/serving_hardening.md has the measured figures."""
@@ -268,7 +267,7 @@ def test_health_answers_while_30_big_pages_are_decoded(tiny_model):  # noqa: F81
     assert len(health_ms) >= 3 and max(health_ms) < 1000, health_ms
 
 
-def test_past_the_slots_big_pages_get_429_at_once(tiny_model):  # noqa: F811
+def test_past_the_slots_big_pages_get_429_at_once(tiny_model):
     """Decoding holds a concurrency slot: with 2 slots, most of 30 simultaneous big pages are refused 429 (with
     the limit named) instead of all queueing on the event loop, as all 100 did in issue 30."""
     import httpx
@@ -287,7 +286,7 @@ def test_past_the_slots_big_pages_get_429_at_once(tiny_model):  # noqa: F811
     assert r.status_code == 200 and max(health_ms) < 1000
 
 
-def test_request_past_its_time_budget_gets_503_naming_the_limit(tiny_model):  # noqa: F811
+def test_request_past_its_time_budget_gets_503_naming_the_limit(tiny_model):
     """serve.request_timeout_s: a request still in inference past its budget gets 503 naming the key, at the
     deadline; the engine call finishes in its thread, and the next request is answered."""
     import httpx
@@ -311,7 +310,7 @@ def test_request_past_its_time_budget_gets_503_naming_the_limit(tiny_model):  # 
     assert again.status_code == 200, again.text
 
 
-def test_upload_slower_than_the_time_budget_gets_408_naming_it(tiny_model):  # noqa: F811
+def test_upload_slower_than_the_time_budget_gets_408_naming_it(tiny_model):
     from pipeline.serving.http_common import BackgroundServer
     from pipeline.serving.limits import HttpLimits
     from pipeline.serving.predict import create_app_from_model

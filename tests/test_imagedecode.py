@@ -153,7 +153,7 @@ def test_ocr_page_uploads_go_through_the_decoder():
     app.add_route("/ocr", ocr, methods=["POST"])
 
     page = np.tile(GRAY, (4, 4))
-    post = lambda data, ctype="image/png": client.post("/ocr", content=data, headers={"content-type": ctype})  # noqa: E731
+    post = lambda data, ctype="image/png": client.post("/ocr", content=data, headers={"content-type": ctype})
     with TestClient(app, raise_server_exceptions=False) as client:
         r = post(_encode(Image.fromarray(page.astype(np.uint16) * 257)))                  # 16-bit page
         # OCR pages are decoded in BGR (PaddleOCR's order): a gray page comes back on all three channels

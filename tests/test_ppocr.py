@@ -98,7 +98,7 @@ def test_db_boxes_in_original_frame_match_paddleocr():
     src = (517, 661)                                                    # the original page (h, w)
     ours, scores = boxes_from_map(prob, DBParams.from_dict(RAPID_DET), src)
     ref, ref_scores = DBPostProcess(**{k: v for k, v in RAPID_DET.items()}, score_mode="fast")(prob[None, None], src)
-    order = lambda q: np.lexsort((q[:, 0, 0], q[:, 0, 1]))             # noqa: E731
+    order = lambda q: np.lexsort((q[:, 0, 0], q[:, 0, 1]))
     assert len(ours) == len(ref) > 5
     np.testing.assert_allclose(ours[order(ours)], np.clip(ref, 0, [src[1] - 1, src[0] - 1])[order(ref)], atol=1.0)
     np.testing.assert_allclose(sorted(scores), sorted(ref_scores), atol=1e-6)

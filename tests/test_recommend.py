@@ -137,7 +137,7 @@ def test_the_ranker_refuses_figures_not_timed_interleaved():
     """Issue 29: rows timed at different moments of a busy machine oversold bf16 (OpenVINO 5.4x in the rows, 1.55x
     interleaved). choose() ranks only rows of ONE interleaved registry.rank session; a row's own speed ratio
     counts only when it was timed interleaved."""
-    cands = lambda: rec.screen([_gate("openvino fp32", "fp32"), _gate("openvino int8", "int8")], _rc())  # noqa: E731
+    cands = lambda: rec.screen([_gate("openvino fp32", "fp32"), _gate("openvino int8", "int8")], _rc())
     mixed = _rank({"openvino fp32": 10.0}, "a") + _rank({"openvino int8": 2.0}, "b")
     with pytest.raises(ValueError, match="mixes 2 timing sessions"):
         rec.choose(cands(), mixed, _rc())

@@ -51,7 +51,7 @@ def test_ranks_of_the_holding_run_are_not_blocked(tmp_path, monkeypatch):
     monkeypatch.delenv(runlock.ENV, raising=False)
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pipeline.core import runlock; "
             f"print(runlock.acquire({str(tmp_path / 'run')!r}))")
-    child = lambda **env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
+    child = lambda **env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                          timeout=60, env={**os.environ, **env})
     fd = runlock.acquire(tmp_path / "run")
     try:
@@ -104,7 +104,7 @@ def test_files_and_folders_get_the_modes_the_umask_gives(tmp_path):
         write_archive(tmp_path / "stage", tmp_path / "b.tar.gz")
     finally:
         os.umask(old)
-    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)
     assert mode(tmp_path / "stage") == 0o755 and mode(tmp_path / "stage" / "manifest.json") == 0o644
     assert mode(tmp_path / "b.tar.gz") == 0o644
     with tarfile.open(tmp_path / "b.tar.gz") as tf:

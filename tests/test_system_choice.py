@@ -6,7 +6,6 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.bundle import system as _system  # noqa: F401  (bound before load_infer_config is patched)
 from pipeline.bundle import system_choice as ch
 from pipeline.core.gates import FAIL, OK, Check, Gate
 from tests.test_serving_cpu import _bundle, _flags

@@ -378,6 +378,6 @@ def test_best_epoch_is_kept_not_the_last(tmp_path, monkeypatch):
                                    checkpoint.read_meta(cfg.run_dir / ".work" / "train" / "checkpoint")["key"])
     assert meta["files"]["best"]["file"] == "best.pdparams"          # stored apart from the last epoch's model
     out = paddle.load(str(cfg.run_dir / "train" / "model.pdparams"), return_numpy=True)
-    as_np = lambda sd: {k: np.asarray(v) for k, v in sd.items()}  # noqa: E731
+    as_np = lambda sd: {k: np.asarray(v) for k, v in sd.items()}
     assert_identical(out, as_np(states["best"]))
     assert not all(np.array_equal(out[k], np.asarray(states["model"][k])) for k in out)

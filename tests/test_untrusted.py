@@ -18,12 +18,12 @@ import paddle
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bad_inputs_cases as corpus  # noqa: E402
+import bad_inputs_cases as corpus
 
-from pipeline.core import runlock, safe_pickle, safe_yaml  # noqa: E402
-from pipeline.core.errors import ConfigError, DataError, IntegrityError, RunLocked  # noqa: E402
-from pipeline.engines import params_file  # noqa: E402
-from pipeline.models import imported  # noqa: E402
+from pipeline.core import runlock, safe_pickle, safe_yaml
+from pipeline.core.errors import ConfigError, DataError, IntegrityError, RunLocked
+from pipeline.engines import params_file
+from pipeline.models import imported
 
 ROOT = Path(__file__).resolve().parent.parent
 

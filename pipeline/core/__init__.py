@@ -8,5 +8,7 @@ writes), `code_closure` (the code a stage's fingerprint covers), `session` (a co
 Private helpers: composite, process_layout, runlock, tempdirs, resources, supervise, summary, version.
 Bottom of the package order: it imports no other package of `pipeline`.
 """
-from pipeline.core.errors import (ConfigError, DataError, GateFailed, IntegrityError, MissingArtifact,  # noqa: F401
+from pipeline.core.errors import (ConfigError, DataError, GateFailed, IntegrityError, MissingArtifact,
                                   PipelineError)
+
+__all__ = ["ConfigError", "DataError", "GateFailed", "IntegrityError", "MissingArtifact", "PipelineError"]

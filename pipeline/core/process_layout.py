@@ -191,5 +191,5 @@ def env_device() -> str:
     try:
         import paddle
         return "gpu" if paddle.device.get_device().startswith("gpu") else "cpu"
-    except Exception:       # noqa: BLE001 -- a record, never a reason to fail
+    except Exception:
         return "cpu"

@@ -105,7 +105,7 @@ def load(data: bytes, *, mode: str = "L", max_pixels: int | None = None, what: s
         return to_mode(img, "L" if mode == "L" else "RGB")
     except DataError:
         raise
-    except Exception as exc:                 # noqa: BLE001 - decoders raise anything (NotImplementedError, struct.error, ...)
+    except Exception as exc:
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         why = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", why)      # no "<_io.BytesIO object at 0x…>"
         raise UnreadableImage(f"{what} is not a readable {sniff(data)} image ({why})",

@@ -20,7 +20,7 @@ from PIL import Image
 
 from pipeline.data import imagedecode
 from pipeline.core.errors import DataError
-from pipeline.data.imagedecode import ImageTooLarge  # noqa: F401  (re-exported: serve and tests import it from here)
+from pipeline.data.imagedecode import ImageTooLarge as ImageTooLarge
 
 
 def png_bytes(img: np.ndarray) -> bytes:

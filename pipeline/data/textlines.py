@@ -101,7 +101,7 @@ def load_fonts(fonts: list[str], sizes=_FONT_SIZES) -> list[dict[int, _FontT]]:
             tables.append({s: ImageFont.truetype(str(path), size=s) for s in sizes})
         except OSError as exc:
             raise DataError(f"font file {path} cannot be read: {exc}",
-                            hint="give TTF/OTF/TTC files in data.fonts, or [] for the built-in font")
+                            hint="give TTF/OTF/TTC files in data.fonts, or [] for the built-in font") from None
     if not tables:
         tables.append({s: ImageFont.load_default(size=s) for s in sizes})
     return tables
@@ -171,7 +171,7 @@ def _render_one(text: str, glyphs: _Glyphs, table: int, size: int, r: random.Ran
     # rotation cost grows with the canvas area
     pad = int(0.035 * text_w) + size // 4 + 3
     xs, x = [], float(pad)
-    for mask, ox, adv in marks:
+    for _mask, ox, adv in marks:
         xs.append(max(0, int(round(x)) - ox))
         x += adv + spacing
     width = max(xi + m.shape[1] for xi, (m, _, _) in zip(xs, marks)) + pad
@@ -243,7 +243,7 @@ def _cache_key(params: dict, fonts: list[str]) -> str:
         try:
             h.update(Path(path).read_bytes())
         except OSError as exc:
-            raise DataError(f"font file {path} cannot be read: {exc}")
+            raise DataError(f"font file {path} cannot be read: {exc}") from None
     return h.hexdigest()[:16]
 
 

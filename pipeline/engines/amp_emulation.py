@@ -27,7 +27,6 @@ fp16 kernels accumulate in fp32 as well). The result is an accuracy preview, lab
 """
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import os
 from pathlib import Path
 from typing import Iterable

@@ -10,7 +10,6 @@ Facts this module relies on (measured with paddlelite 2.13rc0, see /work/shared/
   * enable_fp16() only works when called before set_valid_places (after it: no effect, which is
     what STACK.md observed); then ARM gets FP16 kernels, x86 none.
 """
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import atexit
 import json

@@ -6,7 +6,6 @@ status into an EngineCrash. On success the last stdout line starting with RESULT
 JSON object; Lite itself also prints progress lines to stdout, hence the prefix.
 On a handled failure: message on stderr, exit code 2.
 """
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import argparse
 import json

@@ -17,7 +17,6 @@ sensitivity search and the simulated check see the engine's numbers. Cost: one b
 """
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import os
 from pathlib import Path
 

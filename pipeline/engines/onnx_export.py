@@ -6,7 +6,6 @@ Written atomically: nothing appears at the final path on failure.
 """
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: paddle2onnx imports paddle)
 import os
 import subprocess
 import sys

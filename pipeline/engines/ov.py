@@ -128,7 +128,7 @@ def bf16_status() -> tuple[bool, str]:
 
 def nncf_status() -> tuple[bool, str]:
     try:
-        import nncf  # noqa: F401
+        import nncf
     except Exception as e:  # ImportError, or a broken dependency
         return False, f"NNCF not importable ({type(e).__name__}: {e})"
     return True, "nncf " + nncf.__version__
@@ -299,8 +299,6 @@ def segment_names(base_xml: str | os.PathLike, layers: Collection[str]) -> list[
 
 def run_ir(xml: str | os.PathLike, x: np.ndarray, hint: str, *, batch: int = 8, threads: int = 1) -> np.ndarray:
     """Outputs of an IR compiled with INFERENCE_PRECISION_HINT `hint` (f32 | bf16), in batches."""
-    import openvino as ov
-
     c = shared_core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads})
     return np.concatenate([c(np.ascontiguousarray(x[i:i + batch]))[0] for i in range(0, len(x), batch)])
 

@@ -1,7 +1,6 @@
 """Paddle Inference engine (CPU fp32/int8, emulated fp16, guarded GPU fp16) and program helpers."""
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import contextlib
 import os
 import re
@@ -13,7 +12,6 @@ from typing import Iterable, Iterator
 import numpy as np
 import paddle
 from paddle import inference as pinf
-from paddle.base.proto import framework_pb2
 
 from pipeline.core import capabilities
 from pipeline.engines import evidence
@@ -21,8 +19,9 @@ from pipeline.engines.base import Engine
 from pipeline.engines.program import feed_name as _feed_name
 from pipeline.engines.program import files as _files
 from pipeline.engines.program import program_desc as _program_desc
-from pipeline.engines.program import program_input_shape, program_ops  # noqa: F401  (re-exported)
-from pipeline.core.errors import ConfigError, MissingArtifact, PipelineError
+from pipeline.engines.program import program_input_shape
+from pipeline.engines.program import program_ops as program_ops  # re-exported
+from pipeline.core.errors import ConfigError, PipelineError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Below AVX2 (a CPU without it, ONEDNN_MAX_CPU_ISA=SSE41 or AVX) oneDNN 3.2's fp32 convolutions have blocked kernels

@@ -1,7 +1,6 @@
 """Timing helpers, a matmul roofline probe, and MAC counting from a static program."""
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import math
 import os
 import tempfile

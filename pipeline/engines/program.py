@@ -7,7 +7,6 @@ can import it without a cycle.
 """
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import os
 from pathlib import Path
 from typing import Any

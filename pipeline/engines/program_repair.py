@@ -14,7 +14,6 @@ missing var -> SIGSEGV). The repair is general, driven by Paddle's own op regist
 The repaired program still runs identically in Paddle Inference (restored values are the defaults;
 the outputs are unused intermediates). Each change is reported, and the lite stage records them.
 """
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import os
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 from pipeline.engines.program import FEED_FETCH as _FEED_FETCH
 from pipeline.engines.program import parse as _load
 from pipeline.engines.program import pb as _pb
-from pipeline.core.errors import DataError
 
 
 def list_ops(pdmodel: str | os.PathLike) -> list[str]:

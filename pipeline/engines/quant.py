@@ -1,7 +1,6 @@
 """INT8 post-training quantization (PaddleSlim) and per-layer INT8 sensitivity."""
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 import contextlib
 import gc
 import time

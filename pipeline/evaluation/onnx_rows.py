@@ -47,11 +47,11 @@ def onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
             continue
         log.info("[server] %s fp32 row", kind)
         gates.append(run_row("server", f"{kind} fp32", "fp32", task.primary_metric,
-                             lambda: _tuned_row(ctx, task, kind, onnx_file, args, served, tuning), evidence_dir))
+                             lambda kind=kind: _tuned_row(ctx, task, kind, onnx_file, args, served, tuning), evidence_dir))
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
-                                 lambda: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args,
+                                 lambda kind=kind: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args,
                                                         None if imported else ref.model_prefix),
                                  evidence_dir))
         if kind == "openvino" and "bf16" in sc.precisions:
@@ -151,7 +151,7 @@ def _ort_gpu_rows(ctx, task, onnx_file, args) -> list[Gate]:
         if not ok:
             rows.append(skipped("server", subject, "fp32", task.primary_metric, why))
             continue
-        rows.append(run_row("server", subject, "fp32", task.primary_metric, lambda: engine_row(
+        rows.append(run_row("server", subject, "fp32", task.primary_metric, lambda p=p: engine_row(
             ctx, task, f"{p} fp32", OrtEngine(onnx_file, provider=p), x, ref_out, labels, ref_metric,
             ctx.cfg.server.gates["fp32"], "fp32"), ctx.out_dir / "evidence"))
     return rows

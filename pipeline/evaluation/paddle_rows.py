@@ -31,7 +31,7 @@ def paddle_rows(ctx, ref, calib, device: str, threads: int, info_out: dict, tuni
         tol = sc.gates[prec]
         log.info("[server] %s row", prec)
         gate = run_row("server", f"paddle-inference {prec}", prec, task.primary_metric,
-                       lambda: _paddle_row(ctx, ref, prec, tol, calib, device, common, info_out, tuning, served),
+                       lambda prec=prec, tol=tol: _paddle_row(ctx, ref, prec, tol, calib, device, common, info_out, tuning, served),
                        ctx.out_dir / "evidence")
         if gate is not None:        # a precision Paddle Inference has no row for adds none
             gates.append(gate)

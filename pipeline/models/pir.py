@@ -10,7 +10,6 @@ one line naming those ops. Paddle 3 itself is not needed.
 """
 from __future__ import annotations
 
-import zlib  # noqa: F401  (must precede paddle: libpaddle exports its own zlib symbols)
 
 import collections
 import json

@@ -83,7 +83,7 @@ def measure(a_run: Callable, b_run: Callable, x: np.ndarray, *, rounds: int = 21
         med_b.append(float(np.percentile(tb, ROUND_QUANTILE)) * 1e3)
     a, b = np.asarray(med_a), np.asarray(med_b)
     s = spread(b / a)
-    q = lambda v: tuple(float(t) for t in np.percentile(v, [25, 50, 75]))  # noqa: E731
+    q = lambda v: tuple(float(t) for t in np.percentile(v, [25, 50, 75]))
     return ABResult(key, s.median, s.p10, s.p90, q(a), q(b), rounds, runs)
 
 

@@ -27,7 +27,8 @@ import yaml
 
 from pipeline.core.artifacts import atomic_write_text, load_manifest, write_json
 from pipeline.nightly import conformance_rules as rules
-from pipeline.nightly.conformance_rules import MARKED, Row, counts_line, verdict_counts  # noqa: F401  (re-exported)
+from pipeline.nightly.conformance_rules import MARKED, Row
+from pipeline.nightly.conformance_rules import counts_line as counts_line, verdict_counts as verdict_counts  # re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "conformance.yaml"
@@ -45,7 +46,7 @@ def load_settings(path: Path = CONFIG) -> tuple[dict, dict[str, list[str]], tupl
     if not zoo or not all(isinstance(v, dict) for v in zoo.values()):
         raise ConfigError(f"{path}: conformance.zoo must map each architecture to its overrides",
                           hint="e.g. 'lcnet: {model.name: lcnet, data.channels: 3}'")
-    fmt = lambda v: v if isinstance(v, str) else json.dumps(v)      # noqa: E731  (an override's YAML value)
+    fmt = lambda v: v if isinstance(v, str) else json.dumps(v)
     overrides = {arch: [f"{k}={fmt(v)}" for k, v in recipe.items()] for arch, recipe in zoo.items()}
     return base, overrides, tuple(own.get("fast") or ()), float(own.get("max_marked_share", 0.05))
 

@@ -164,7 +164,7 @@ def verdict_counts(rows: list[Row]) -> dict[str, int]:
     """Executed-and-passed apart from what never executed: a SKIPPED or UNVERIFIED row is not a pass, nor a MARKED
     one (a low-precision row of a model near chance, whatever its gate decided)."""
     rows = [r for r in rows if r.row != "chain (wall time)"]        # a summary of the others, not a row
-    count = lambda *v: sum(r.verdict in v for r in rows)             # noqa: E731
+    count = lambda *v: sum(r.verdict in v for r in rows)
     return {"executed OK": count("OK"), "marked (near chance)": count(MARKED),
             "marked that would fail": sum(r.verdict == MARKED and r.would_be != "OK" for r in rows),
             "excluded (candidate)": count("EXCLUDED"), "skipped": count("SKIPPED"), "unverified": count("UNVERIFIED"),

@@ -48,7 +48,7 @@ class _ReaderActor:
     """The map_batches callable class: one verified, loaded bundle per Ray worker process."""
 
     def __init__(self, bundle: str, key, threads: int, max_pixels: int, archive_limits: tuple):
-        import pipeline  # noqa: F401  (zlib before paddle, CPU tuning) in the worker process
+        import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
         from pipeline.scale.reader import BundleReader
 
         self.reader = BundleReader(bundle, key=key, threads=threads, max_pixels=max_pixels,

@@ -87,7 +87,7 @@ class BundleReader:
             return self._finish(row, t0, error=exc.one_line())
         except PipelineError as exc:
             return self._finish(row, t0, error=f"engine failed on {printable(path)}: {exc.one_line()}")
-        except Exception as exc:           # noqa: BLE001 - one engine fault is this input's row, not the whole run
+        except Exception as exc:
             why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             return self._finish(row, t0, error=f"engine failed on {printable(path)}: {type(exc).__name__}: {why}")
         row.update(result=json.dumps(result, ensure_ascii=False, default=_plain), prediction=prediction, score=score)

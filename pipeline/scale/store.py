@@ -83,7 +83,7 @@ def _manifest(path: Path) -> list[str]:
 
         try:
             table = pq.read_table(path, columns=["path"])
-        except Exception as exc:      # noqa: BLE001 - pyarrow raises several types for a bad file or missing column
+        except Exception as exc:
             raise DataError(f"manifest {path} is not a Parquet file with a 'path' column ({str(exc)[:160]})") from None
         paths = [str(v) for v in table.column("path").to_pylist() if v]
     else:
@@ -117,7 +117,7 @@ class OutputStore:
         other = [p.name for p in self.parts() if not p.name.endswith("." + fmt)]
         if other:
             raise DataError(f"output {self.folder} already holds {other[0]} (another format than {fmt})",
-                            hint=f"resume with the same --format, or write to another folder")
+                            hint="resume with the same --format, or write to another folder")
         self.seq = 0
         for stale in self.folder.glob(".part-*.tmp") if self.folder.is_dir() else ():
             stale.unlink()          # a part a stopped run did not finish: its rows are read again

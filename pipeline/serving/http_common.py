@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import socket
 import threading
@@ -151,7 +150,7 @@ class _HotRoutes:
                 response = await endpoint(Request(scope, receive))
             except _BadRequest as exc:
                 response = _error_response(exc)
-        except Exception as exc:                  # noqa: BLE001 - whatever an engine or a decoder raised
+        except Exception as exc:
             if started:                           # too late for a status: uvicorn ends the connection
                 raise
             response = _error_response(fault(exc, scope))

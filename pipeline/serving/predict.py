@@ -27,7 +27,7 @@ from fastapi import Request   # module level: FastAPI resolves the (string) anno
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.serving.batching import DEFAULTS as BATCHING, served_shape
 from pipeline.serving.batching import state as batching_state
-from pipeline.serving.http_common import (INLINE_BYTES, MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS,  # noqa: F401
+from pipeline.serving.http_common import (INLINE_BYTES, MAX_BATCH, MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_PIXELS,
                                           REQUEST_TIMEOUT_S, BackgroundServer, _BadRequest, base_app, decode_refusal,
                                           decodes_inline, image_upload, off_loop, read_body)
 

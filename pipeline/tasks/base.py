@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.task_hooks import OPTIONAL_HOOKS, provides  # noqa: F401  (declared below the gates)
+from pipeline.core.task_hooks import OPTIONAL_HOOKS as OPTIONAL_HOOKS, provides as provides
 
 
 @dataclass

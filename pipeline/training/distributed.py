@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline.core import console
-from pipeline.core.process_layout import world  # noqa: F401  (re-exported: stages and ranks ask here)
+from pipeline.core.process_layout import world as world
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS = "status.{}.json"
@@ -185,7 +185,7 @@ def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[st
     codes = {int(m[0]): int(m[1]) for m in re.findall(r"Container rank (\d+) status failed cmd .*? code (-?\d+)",
                                                       _read(log_dir / "launch.log"))}
     culprits = [i for i in silent if i not in victims] or spoke
-    rank_of = lambda i: (layout.node_rank or 0) * layout.nproc + i  # noqa: E731
+    rank_of = lambda i: (layout.node_rank or 0) * layout.nproc + i
     if culprits:
         local = culprits[0]
         code = codes.get(local)

@@ -43,7 +43,7 @@ def _decide_skip(runner, stage, fp: str, rank: int) -> bool:
 
 def _run_rank(cfg, force: bool, rank: int) -> tuple[str, int, str | None]:
     from pipeline.core.process_layout import current
-    from pipeline.core.runner import Runner, StageContext, fingerprint, registry  # noqa: F401
+    from pipeline.core.runner import Runner, StageContext, fingerprint, registry
 
     layout = current()
     stage = registry()["train"]
@@ -102,7 +102,7 @@ def _worker(argv: list[str]) -> int:
         status, code, error = "TERMINATED", 143, "stopped by the launcher (a peer failed)"
     except KeyboardInterrupt:
         code, error = 130, "interrupted: finished stage outputs are intact; re-run to resume"
-    except Exception as exc:     # noqa: BLE001 -- a peer's death surfaces here as a gloo/connection error
+    except Exception as exc:
         (log_dir / f"traceback.{local}.txt").write_text(traceback.format_exc())
         status, error = "PEER_LOST" if _peer_error(exc) else "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0]
     if error and (rank != 0 or status in ("PEER_LOST", "TERMINATED")):

@@ -128,7 +128,7 @@ def _onednn_casts(program) -> int:
 
 def _macs(block, op) -> int:
     """Multiply-adds of one matmul/conv op from the program's static shapes (batch fixed; any -1 counts as 1)."""
-    shape = lambda name: [abs(int(d)) or 1 for d in block.var(name).shape]      # noqa: E731
+    shape = lambda name: [abs(int(d)) or 1 for d in block.var(name).shape]
     if op.type == "mul":
         x, w = shape(op.input("X")[0]), shape(op.input("Y")[0])
         return int(np.prod(x[:op.attr("x_num_col_dims")])) * int(np.prod(w))
