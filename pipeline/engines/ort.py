@@ -103,7 +103,22 @@ class OrtEngine(Engine):
             raise ConfigError(f"ONNX Runtime rows are fp32 or int8, not {label!r}")
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        return self._sess.run([self.output_name], {self.input_name: x})[0]
+        big = x.nbytes >= SHRINK_INPUT_BYTES
+        return self._sess.run([self.output_name], {self.input_name: x}, _shrink_options() if big else None)[0]
+
+
+# A run whose input is this large hands its arena chunks back when it ends: ORT's arena otherwise keeps the largest
+# batch's activations for the session's life (the v4 det server stage kept four ORT sessions' batch-8 arenas alive
+# at once); page- and crop-sized runs (a 736x2944 page is 26 MB) keep theirs for speed.
+SHRINK_INPUT_BYTES = 32 << 20
+
+
+def _shrink_options():
+    import onnxruntime as ort
+
+    opts = ort.RunOptions()
+    opts.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return opts
 
 
 def _op_counts(onnx_file: str) -> Counter:
