@@ -236,3 +236,20 @@ def test_controls_run_rapidocr_on_our_files_at_our_resize_and_ours_at_its_resize
     assert w["models"]["det"] == subs["detection"] / layout.ONNX_MODEL
     assert Path(w["models"]["keys"]).read_text(encoding="utf-8") == "a\nb\n"     # RapidOCR appends the space
     assert "on ours-v5's fp32 ONNX files at its resize (max 960)" in out["rapid3-on-v5"].label
+
+
+def test_the_signs_3f_counts_whatever_glyph_its_bracket_is_read_as():
+    """return_word_debug.jpg's sign reads `3F】`; RapidOCR's test asserts `3F1` (v4's misreading): `3F` followed by
+    `1`, `I`, `l`, `]` or `】` is the known text (issue 48), `3F` alone or another glyph is not."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        peers = importlib.import_module("ocr_peers")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    name = "return_word_debug.jpg"
+    for read in ("3F1", "3FI", "3Fl", "3F]", "【本座 3F】", "3 F I"):
+        assert peers.known(name, [read, "轻运动健"]), read
+    for missed in ("3F", "3FX", "F1"):
+        assert not peers.known(name, [missed, "轻运动健"]), missed
+    assert peers.known("ch_en_num.jpg", ["正品促销", "大桶装更划算", "强力去污符合国标"])
+    assert not peers.known("ch_en_num.jpg", ["正品促销"])

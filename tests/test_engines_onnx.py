@@ -196,3 +196,40 @@ def test_int8_rows_quantize_only_the_layers_paddleslim_does(tiny):
     fp32_weights = sorted(ov._weight_name(op) for op in qmodel.get_ordered_ops()
                           if op.get_type_name() in ov._COMPUTE_OPS and ov._weight_name(op) is not None)
     assert fp32_weights == sorted([first, fc])       # the quantized conv reads int8 weights (decompressed)
+
+
+@pytest.mark.parametrize("kind", ["paddle-inference", "onnxruntime", "openvino"])
+def test_trimmed_engines_still_answer_the_same(tiny, kind, monkeypatch):
+    """Engine.trim (issue 48: the server stage trims the engines it keeps for serving after each row) gives back
+    pools and buffers, never the engine: it answers the same after a trim, a large ORT run shrinking its arena too."""
+    from pipeline.engines import ort as ort_engine
+
+    model = tiny["prefix"] if kind == "paddle-inference" else tiny["onnx"]
+    eng = registry.make(kind, model, "fp32", threads=1)
+    before = eng.run_batched(tiny["x"], 16)
+    eng.trim()
+    monkeypatch.setattr(ort_engine, "SHRINK_INPUT_BYTES", 1)        # every run counts as large
+    after = eng.run_batched(tiny["x"], 16)
+    eng.trim()
+    assert np.array_equal(before, after) and np.array_equal(eng.run(tiny["x"][:1]), before[:1])
+
+
+def test_settle_memory_trims_every_kept_engine():
+    from pipeline.evaluation.rows import settle_memory
+
+    trimmed = []
+
+    class Kept(Engine):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.input_shape = name, [-1, 1, 16, 16]
+
+        def _run(self, x):
+            return x
+
+        def trim(self):
+            trimmed.append(self.name)
+
+    routed = ShapeRouted(Kept("one"), Kept("many"))
+    settle_memory({"paddle-inference": routed, "openvino": Kept("ov")})
+    assert trimmed == ["one", "many", "ov"]

@@ -115,6 +115,37 @@ def test_prepare_page_boxes_come_back_to_the_original_page():
     np.testing.assert_allclose(back[0, :, 1], [5, 5, 25, 25])
 
 
+def test_det_bucket_pads_the_normalised_page_with_zeros_and_boxes_come_back_exactly():
+    """system.det_bucket: the detector's input is padded at the bottom and right up to the bucket (0 after
+    normalisation), the DB map is cropped back before the boxes; a detector that sees only its own pixel (here:
+    dark pixels are text) then gives exactly the boxes it gives without the bucket. 0 = off: PaddleOCR's input."""
+    from pipeline.ocr.system import FLOW_DEFAULTS, SystemSpec, detect_page
+
+    page = np.full((300, 701, 3), 255, np.uint8)
+    page[40:70, 30:400] = 0
+    page[200:260, 500:690] = 0                      # a line touching the region the pad extends
+    pre = {"limit_side_len": 736, "limit_type": "min", "mean": [0.5] * 3, "std": [0.5] * 3}
+    plain = ppocr.det_input(page, pre)
+    for bucket in (64, 128, 256):
+        x = ppocr.det_input(page, pre, bucket)
+        assert x.shape[2] % bucket == 0 and x.shape[3] % bucket == 0 and x.shape[2:] >= plain.shape[2:]
+        h, w = plain.shape[2:]
+        assert np.array_equal(x[..., :h, :w], plain) and not x[..., h:, :].any() and not x[..., :, w:].any()
+    assert ppocr.det_input(page, pre, 0).shape == plain.shape and ppocr.bucketed_size(736, 1000, 0) == (736, 1000)
+
+    class Pointwise:                                # probability 1 on dark pixels: no receptive field
+        def run(self, x):
+            return (x[:, :1] < 0).astype(np.float32)
+
+    post = {**RAPID_DET, "box_thresh": 0.5}
+    spec = lambda b: SystemSpec(pre, post, {}, {}, None, {**FLOW_DEFAULTS, "det_bucket": b})     # noqa: E731
+    want_q, want_s = detect_page(page, Pointwise(), spec(0))
+    assert len(want_q) == 2
+    for bucket in (64, 128):
+        q, sc = detect_page(page, Pointwise(), spec(bucket))
+        assert np.array_equal(q, want_q) and np.array_equal(sc, want_s)
+
+
 def test_alpha_page_is_composited_on_white():
     from PIL import Image
 

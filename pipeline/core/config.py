@@ -403,6 +403,7 @@ class SystemCfg(Section):
     drop_score: float = Field(ge=0, le=1)
     retry_scale: float = Field(ge=0, lt=1)
     turn_check: bool
+    det_bucket: int = Field(ge=0)
 
     @field_validator("pin")
     @classmethod

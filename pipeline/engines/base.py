@@ -85,6 +85,11 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Release runtime resources (subclasses with sessions override)."""
 
+    def trim(self) -> None:
+        """Give back the working memory kept for the shapes run so far (the engine stays usable; the next call
+        of a shape prepares it again). The server stage trims the engines it keeps for serving after each row, so
+        one row's batch buffers are not carried through the next rows (subclasses with pools override)."""
+
 
 class ShapeRouted(Engine):
     """Batch-1 requests go to one instance, larger batches to another.
@@ -113,3 +118,7 @@ class ShapeRouted(Engine):
     def close(self) -> None:
         self.single.close()
         self.batched.close()
+
+    def trim(self) -> None:
+        self.single.trim()
+        self.batched.trim()

@@ -109,6 +109,12 @@ class OpenVinoEngine(Engine):
     def _run(self, x: np.ndarray) -> np.ndarray:
         return self._req.infer({0: x}, share_inputs=True)[0].copy()
 
+    def trim(self) -> None:
+        try:
+            self._compiled.release_memory()     # the CPU plugin's intermediate buffers (no request is running)
+        except RuntimeError:                    # a plugin that cannot release now keeps them: memory, not a fault
+            pass
+
 
 def bf16_status() -> tuple[bool, str]:
     """(True, why) when the CPU reports bf16 (avx512_bf16/amx_bf16); elsewhere OpenVINO silently runs f32.

@@ -320,6 +320,9 @@ class InferenceEngine(Engine):
             cfg.exp_disable_tensorrt_ops(list(ops))
         self.notes.append(f"kept in fp32 (server.fp16.keep_fp32_ops): {', '.join(ops)}")
 
+    def trim(self) -> None:
+        self._predictor.try_shrink_memory()     # the predictor's memory pool, grown to the largest batch run
+
     def _run(self, x: np.ndarray) -> np.ndarray:
         self._in.copy_from_cpu(x)       # reshapes the input tensor to x.shape itself (no separate reshape() call)
         try:

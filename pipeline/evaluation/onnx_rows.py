@@ -9,7 +9,7 @@ import time
 from pipeline.core import resources
 from pipeline.core.errors import PipelineError
 from pipeline.core.gates import FAIL, Gate, run_row, skipped
-from pipeline.evaluation.rows import engine_row, imported_onnx, server_threads
+from pipeline.evaluation.rows import engine_row, imported_onnx, server_threads, settle_memory
 from pipeline.evaluation.timing import note_speed_vs_fp32, tune
 
 log = logging.getLogger("pipeline")
@@ -48,18 +48,21 @@ def onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         log.info("[server] %s fp32 row", kind)
         gates.append(run_row("server", f"{kind} fp32", "fp32", task.primary_metric,
                              lambda kind=kind: _tuned_row(ctx, task, kind, onnx_file, args, served, tuning), evidence_dir))
+        settle_memory(served)
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
                                  lambda kind=kind: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args,
                                                         None if imported else ref.model_prefix),
                                  evidence_dir))
+            settle_memory(served)
         if kind == "openvino" and "bf16" in sc.precisions:
             log.info("[server] %s bf16 row", kind)
             gates.append(run_row("server", f"{kind} bf16", "bf16", task.primary_metric,
                                  lambda: openvino_bf16_row(ctx, task, onnx_file, args), evidence_dir))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
+        settle_memory(served)
     for g in gates:
         g.extra["onnx_opset"] = opset
     return gates

@@ -9,7 +9,7 @@ import time
 from pipeline.core import resources
 from pipeline.core.gates import FAIL, Gate, run_row, skipped
 from pipeline.evaluation.int8_advice import int8_advice
-from pipeline.evaluation.rows import batch_sizes, engine_row
+from pipeline.evaluation.rows import batch_sizes, engine_row, settle_memory
 from pipeline.evaluation.timing import note_speed_vs_fp32, tune
 
 log = logging.getLogger("pipeline")
@@ -35,10 +35,12 @@ def paddle_rows(ctx, ref, calib, device: str, threads: int, info_out: dict, tuni
                        ctx.out_dir / "evidence")
         if gate is not None:        # a precision Paddle Inference has no row for adds none
             gates.append(gate)
+        settle_memory(served)
         if prec == "bf16" and sc.bf16.emulated:
             log.info("[server] bf16-emulated row")
             gates.append(run_row("server", "paddle-inference bf16-emulated", "bf16", task.primary_metric,
                                  lambda: _bf16_emulated_row(ctx, ref, common, info_out), ctx.out_dir / "evidence"))
+            settle_memory(served)
     return gates
 
 

@@ -3,6 +3,7 @@ tolerance, timed, with the evidence of what it really ran; and what every row sh
 within server.memory_budget_mb, the role server.roles gives a row)."""
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -11,6 +12,8 @@ from pipeline.core import env
 from pipeline.core.errors import PipelineError
 from pipeline.core.gates import Gate, evaluate_tol
 from pipeline.engines import evidence
+
+log = logging.getLogger("pipeline")
 
 
 def server_threads(cfg) -> int:
@@ -22,6 +25,19 @@ def server_device(cfg) -> str:
     if cfg.server.device == "gpu" and not caps["gpu"]:
         raise PipelineError("server.device is 'gpu' but Paddle sees no GPU", hint="use server.device=auto")
     return "gpu" if cfg.server.device in ("auto", "gpu") and caps["gpu"] else "cpu"
+
+
+def settle_memory(served: dict) -> None:
+    """After a row: the engines kept for serving give back their batch buffers and the row's freed heap goes back
+    to the kernel, so the next row starts from what is live (the v4 det server stage, 2026-12-06: 5.5 GB with
+    every tuned engine's batch-8 pools and each row's leftovers carried forward, issue 48)."""
+    from pipeline.core import resources
+
+    for eng in served.values():
+        eng.trim()
+    rss = resources.release_memory()
+    if rss is not None:
+        log.info("[server] RSS after the row: %.0f MB", rss)
 
 
 def batch_sizes(cfg, prefix, x) -> dict:

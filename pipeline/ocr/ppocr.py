@@ -59,12 +59,28 @@ def normalize(img: np.ndarray, mean, std) -> np.ndarray:
     return out
 
 
-def det_input(page: np.ndarray, pre: dict) -> np.ndarray:
-    """One page → float32 [1, 3, H', W'] at the page's own limit-rule size (H', W' multiples of 32)."""
+def det_input(page: np.ndarray, pre: dict, bucket: int = 0) -> np.ndarray:
+    """One page → float32 [1, 3, H', W'] at the page's own limit-rule size (H', W' multiples of 32). bucket > 0:
+    the same page padded at the bottom and right up to multiples of `bucket` (bucketed_size); crop the DB map back
+    to the unpadded size (its top-left) before the boxes, so they are scaled back exactly as without padding."""
     img = to_bgr(page)
     rh, rw = det_resize_shape(img.shape[0], img.shape[1], int(pre["limit_side_len"]), pre["limit_type"])
     resized = cv2.resize(img, (rw, rh))
-    return normalize(resized, pre.get("mean", IMAGENET_MEAN), pre.get("std", IMAGENET_STD))[None]
+    x = normalize(resized, pre.get("mean", IMAGENET_MEAN), pre.get("std", IMAGENET_STD))
+    if bucket > 0:
+        bh, bw = bucketed_size(rh, rw, bucket)
+        # 0 after normalisation: the page's mean colour, what the first conv's own zero padding shows it at a
+        # border, so DB reads the pad as background (measured: max probability on the pad, docs/serving_choice.md)
+        x = np.pad(x, ((0, 0), (0, bh - rh), (0, bw - rw)))
+    return x[None]
+
+
+def bucketed_size(h: int, w: int, bucket: int) -> tuple[int, int]:
+    """(h, w) rounded up to multiples of `bucket` (0: unchanged): fewer distinct input shapes, so a runtime that
+    prepares kernels per shape (OpenVINO, ONNX Runtime) reuses them across pages."""
+    if bucket <= 0:
+        return h, w
+    return -(-h // bucket) * bucket, -(-w // bucket) * bucket
 
 
 def sorted_boxes(quads: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 # RapidOCR's page steps (ppocr.prepare_page) and the empty-page retry are off unless configured
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
                  "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
-                 "retry_scale": 0.0, "turn_check": False}
+                 "retry_scale": 0.0, "turn_check": False, "det_bucket": 0}
 
 
 def set_opencv_threads(threads: int) -> int:
@@ -164,9 +164,11 @@ def detect_page(page: np.ndarray, det, spec: SystemSpec, scale: float = 1.0) -> 
     if scale != 1.0:        # scale the size the rule gives, never above the page's own
         rh, rw = ppocr.det_resize_shape(*page.shape[:2], int(pre["limit_side_len"]), pre["limit_type"])
         pre = {**pre, "limit_type": "max", "limit_side_len": max(32, int(max(rh, rw) * scale))}
-    out = det.run(ppocr.det_input(page, pre))
+    rh, rw = ppocr.det_resize_shape(*page.shape[:2], int(pre["limit_side_len"]), pre["limit_type"])
+    out = det.run(ppocr.det_input(page, pre, int(spec.flow.get("det_bucket", 0))))
     _finite(out, "detection", det)
-    quads, scores = boxes_from_map(out[0], DBParams.from_dict(spec.det_post), page.shape[:2])
+    prob = out[0].reshape(out[0].shape[-2:])[:rh, :rw]        # a bucket's padding cropped off (none: all of it)
+    quads, scores = boxes_from_map(prob, DBParams.from_dict(spec.det_post), page.shape[:2])
     order = ppocr.sorted_boxes(quads)
     return quads[order], scores[order]
 
