@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-import pipeline  # noqa: E402,F401  (zlib before paddle)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 ROOT = Path(__file__).resolve().parent.parent
 

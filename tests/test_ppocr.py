@@ -138,7 +138,7 @@ def test_det_bucket_pads_the_normalised_page_with_zeros_and_boxes_come_back_exac
             return (x[:, :1] < 0).astype(np.float32)
 
     post = {**RAPID_DET, "box_thresh": 0.5}
-    spec = lambda b: SystemSpec(pre, post, {}, {}, None, {**FLOW_DEFAULTS, "det_bucket": b})     # noqa: E731
+    spec = lambda b: SystemSpec(pre, post, {}, {}, None, {**FLOW_DEFAULTS, "det_bucket": b})
     want_q, want_s = detect_page(page, Pointwise(), spec(0))
     assert len(want_q) == 2
     for bucket in (64, 128):
