@@ -634,3 +634,14 @@ def test_cli_error_line_under_an_ascii_locale(tmp_path):
     err = res.stderr.decode("ascii")
     assert res.returncode != 0 and "Traceback" not in err and "UnicodeEncodeError" not in err, err[-2000:]
     assert [line for line in err.splitlines() if "caf" in line and "not found" in line], err[-2000:]
+
+
+def test_a_recognition_charset_string_is_bounded_not_refused():
+    """A recognition bundle writes its charset as one string (one character per class): within the bound it is
+    valid (the smoke_rec nightly's bundle was refused when only lists were allowed), past it one line."""
+    from pipeline.bundle.format import MAX_LABELS, _out_of_bounds
+
+    ok = {"task": "recognition", "postprocess": {"type": "ctc_greedy", "charset": "0123456789ABC"}}
+    assert _out_of_bounds(ok) is None
+    huge = {"task": "recognition", "postprocess": {"type": "ctc_greedy", "charset": "x" * (MAX_LABELS + 1)}}
+    assert "postprocess.charset holds" in _out_of_bounds(huge)

@@ -172,6 +172,10 @@ def _out_of_bounds(cfg: dict) -> str | None:
         v = post.get(k) if post else None
         if v is None:
             continue
+        if isinstance(v, str):          # a recognition charset: one string, one character per class
+            if len(v) > MAX_LABELS:
+                return f"postprocess.{k} holds {len(v)} characters, over the limit of {MAX_LABELS}"
+            continue
         if not isinstance(v, list) or len(v) > MAX_LABELS or sum(len(str(x)) for x in v) > 10 * MAX_LABELS or \
                 not all(isinstance(x, str) and len(x) <= MAX_LABEL_CHARS for x in v):
             return (f"postprocess.{k} is not a list of at most {MAX_LABELS} strings of at most "
