@@ -428,6 +428,13 @@ class RegressionCfg(Section):
     ab_threads: int = Field(ge=0)
 
 
+class ConformanceCfg(Section):
+    """`make conformance`'s own settings (pipeline/nightly/conformance.py): read by the driver, never by a stage."""
+    max_marked_share: float = Field(ge=0.0, le=1.0)
+    zoo: dict[str, dict[str, Any]]
+    fast: list[str]
+
+
 class Config(Section):
     task: Literal["classification", "recognition", "detection", "text_direction", "ocr_system"]
     seed: int = Field(ge=0, lt=1 << 32)            # numpy's and Paddle's seeds are 32-bit
@@ -444,6 +451,7 @@ class Config(Section):
     regression: RegressionCfg
     detection: DetectionCfg
     system: SystemCfg
+    conformance: ConformanceCfg
     # dotted keys the config files and overrides set (not defaults.yaml): an import fills the others from its
     # model's own description (model.source=pir: inference.yml). None (a config rebuilt from a dump): all set.
     _user_keys: frozenset | None = PrivateAttr(default=None)
@@ -613,7 +621,7 @@ def _merge(base: dict, extra: dict, origin: str, prefix: str = "") -> dict:
 def _is_free_mapping(prefix: str) -> bool:
     """Mappings whose keys are user-defined (model constructor args; system.pin's parts, checked by its validator;
     server.roles' row names)."""
-    return prefix in ("model.args.", "system.pin.", "server.roles.")
+    return prefix in ("model.args.", "system.pin.", "server.roles.", "conformance.zoo.")
 
 
 def split_overrides(text: str) -> list[str]:
