@@ -83,6 +83,6 @@ STAGE = Stage(name="train",
               optional_outputs=("model.pdparams", "metrics.jsonl", "imported/inference.pdmodel",
                                 "imported/inference.pdiparams", "imported/model.onnx",
                                 # model.source=pir: the translated program, and the dictionary its inference.yml gave
-                                "translated/inference.pdmodel", "translated/inference.pdiparams",
+                                "translated/inference.pdmodel", "translated/inference.pdiparams", "translated/inference.yml",
                                 "charset_from_yml.txt"),
               description="AMP training on the configured task")

@@ -179,3 +179,20 @@ def test_a_pir_export_as_model_pretrained_is_made_trainable(v5):
     after = {p.name: p.numpy() for p in model.parameters()}
     assert all(np.array_equal(before[n], after[n]) for n in stats)
     assert sum(not np.array_equal(before[n], after[n]) for n in before if n not in stats) == len(before) - 12
+
+
+@pytest.mark.slow              # translates the real v5 detector (seconds)
+def test_everything_the_pir_import_writes_is_a_declared_train_output(v5, tmp_path):
+    """The train stage of a model.source=pir run writes the translated program and its inference.yml: the runner
+    refuses a stage that writes an undeclared file (make real-ocr-v5 stopped on translated/inference.yml)."""
+    from pipeline.core import catalogue
+    from pipeline.core.config import load_config
+    from pipeline.models import imported
+    from stages.train import STAGE
+
+    cfg = load_config(["configs/ppocr_v5_det.yaml"])
+    imported.translate_pir(v5["det"], tmp_path, {"data": cfg.section("data")["data"],
+                                                 "detection": cfg.section("detection")["detection"]},
+                           model_cfg=cfg.model)
+    assert (tmp_path / "translated" / "inference.yml").is_file()
+    assert catalogue.undeclared_outputs(STAGE, tmp_path) == []
