@@ -6,13 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from child_kill import kill_at_marker
 from pipeline.core import capabilities
 from pipeline.core.artifacts import load_manifest
 from pipeline.training import checkpoint
@@ -229,21 +229,8 @@ def test_kill_9_during_bf16_then_resume_equals_uninterrupted(bf16_run, tmp_path)
     ckpt = tmp_path / "r" / ".work" / "train" / "checkpoint"
     cmd = [sys.executable, "-c", HOLD, str(ckpt), "run", "train", *TINY, "-o", f"run.root={tmp_path}",
            "-o", "run.name=r"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(300, proc.kill)
-    watchdog.start()
-    held = False
-    try:
-        for line in proc.stderr:
-            if "HOLDING" in line:
-                held = True
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        proc.stderr.close()
-    assert held and proc.returncode == -signal.SIGKILL
+    held, returncode = kill_at_marker(cmd, cwd=ROOT)
+    assert held and returncode == -signal.SIGKILL
     res = _cli("run", "train", root=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming after epoch" in res.stderr

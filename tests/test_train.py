@@ -6,13 +6,13 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from child_kill import kill_at_marker
 from pipeline.core import capabilities as caps
 from pipeline.training import checkpoint
 from pipeline.core.artifacts import load_manifest, verify_outputs
@@ -123,22 +123,9 @@ def test_kill_9_then_resume_equals_uninterrupted(baseline, tmp_path):
     ckpt = tmp_path / "r" / ".work" / "train" / "checkpoint"
     cmd = [sys.executable, "-c", HOLD_AFTER_CHECKPOINT, str(ckpt), "run", "train", *TINY,
            "-o", f"run.root={tmp_path}", "-o", "run.name=r"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(300, proc.kill)            # a hung child must not hang the suite
-    watchdog.start()
-    held = False
-    try:
-        for line in proc.stderr:                          # blocks until the child reports (or dies)
-            if "HOLDING" in line:
-                held = True
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        proc.stderr.close()
+    held, returncode = kill_at_marker(cmd, cwd=ROOT)
     assert held, "the child ended without reaching epoch 2"
-    assert proc.returncode == -signal.SIGKILL
+    assert returncode == -signal.SIGKILL
     assert checkpoint.read_meta(ckpt)["epoch"] < 2 and load_manifest(tmp_path / "r" / "train") is None
 
     res = cli("run", "train", root=tmp_path)
