@@ -165,11 +165,16 @@ RAPID3_STAMP := $(RAPID3_VENV)/.installed
 
 rapidocr3-venv: $(RAPID3_STAMP)
 
+# $(call side_venv,VENV,REQUIREMENTS): a venv of its own for a peer whose pins would overwrite the pipeline's
+define side_venv
+	@set -e; py="$$(scripts/find_python.sh)"; rm -rf $(1); "$$py" -m venv $(1); \
+	  echo "installing $(2) into $(1)"; \
+	  $(1)/bin/python -m pip install --quiet -r $(2) 2>&1 \
+	  | { grep -v "is ignored: it is neither" || true; }; touch $(1)/.installed
+endef
+
 $(RAPID3_STAMP): requirements-rapidocr3.txt scripts/find_python.sh
-	@set -e; py="$$(scripts/find_python.sh)"; rm -rf $(RAPID3_VENV); "$$py" -m venv $(RAPID3_VENV); \
-	  echo "installing requirements-rapidocr3.txt into $(RAPID3_VENV)"; \
-	  $(RAPID3_VENV)/bin/python -m pip install --quiet -r requirements-rapidocr3.txt 2>&1 \
-	  | { grep -v "is ignored: it is neither" || true; }; touch $@
+	$(call side_venv,$(RAPID3_VENV),requirements-rapidocr3.txt)
 
 bench-ocr: $(STAMP) $(RAPID3_STAMP)
 	@b="$(BUNDLE)"; [ -n "$$b" ] || b="$$(ls -td bundles/ppocr_v4_system-*/ 2>/dev/null | head -n1)"; \
@@ -282,7 +287,4 @@ kserve: $(STAMP)
 kserve-venv: $(KSERVE_STAMP)
 
 $(KSERVE_STAMP): requirements-kserve.txt scripts/find_python.sh
-	@set -e; py="$$(scripts/find_python.sh)"; rm -rf $(KSERVE_VENV); "$$py" -m venv $(KSERVE_VENV); \
-	  echo "installing requirements-kserve.txt into $(KSERVE_VENV)"; \
-	  $(KSERVE_VENV)/bin/python -m pip install --quiet -r requirements-kserve.txt 2>&1 \
-	  | { grep -v "is ignored: it is neither" || true; }; touch $@
+	$(call side_venv,$(KSERVE_VENV),requirements-kserve.txt)
