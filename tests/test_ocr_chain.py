@@ -63,7 +63,12 @@ def test_system_rows_and_bundle(system_run):
         rec = yaml.safe_load((Path(man["info"]["bundle"]) / role / "infer_config.yaml").read_text())
         assert part["engine"] == rec["serving"]["engine"] and part["precision"] == rec["serving"]["precision"]
     assert gates["http /ocr as served"]["status"] == "OK" and gates["http /ocr as served"]["value"] == 0.0
-    assert gates["bundle self-verification"]["status"] == "OK"
+    verified = gates["bundle self-verification"]
+    assert verified["status"] == "OK"
+    sets = verified["extra"]["sets"]                  # the precisions come from the engines that ran each set
+    assert sets["as served"].keys() == served["extra"]["served"].keys()
+    ran = {p["effective"] for parts in sets.values() for p in parts.values()}
+    assert set(verified["precision_effective"].split("+")) == ran and "fp32" in ran
     bundle = Path(man["info"]["bundle"])
     files = json.loads((bundle / "manifest.json").read_text())["files"]
     for required in ("detection/server/fp32/inference.pdmodel", "recognition/mobile/x86_fp32.nb",

@@ -264,13 +264,25 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
     if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
         served = cfg.get("served") or {}
         runs["as served"] = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)
+    sets = {name: _precisions(engines) for name, engines in runs.items()}
     for name, (det, rec, cls) in runs.items():
         got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)
         miss = 1.0 - agreement(got, served_lines if name == "as served" else expected)
         checks.append(asdict(Check(f"system {name} lines differing on sample pages", miss, limit, "<=",
                                    miss <= limit)))
     return {"bundle": manifest.get("name"), "files": len(manifest["files"]), "checks": checks,
-            "ok": all(c["passed"] for c in checks)}
+            "sets": sets, "ok": all(c["passed"] for c in checks)}
+
+
+def _precisions(engines: tuple) -> dict:
+    """{role: {engine, requested, effective}} of one checked set, from the engines that ran it (never a label)."""
+    out = {}
+    for role, eng in zip(("detection", "recognition", "classifier"), engines):
+        if eng is not None:
+            serving = getattr(eng, "serving", None) or {}
+            out[role] = {"engine": eng.kind, "requested": serving.get("precision", "fp32"),
+                         "effective": eng.effective_precision}
+    return out
 
 
 def parts_served(sc, subs: dict) -> dict:

@@ -104,6 +104,12 @@ def write_bundle(ctx, b: Path, name: str, version: str, chain, gates: list, part
         "parts": {r: ctx.input_manifests[r]["info"]["name"] for r in chain.subs}})
 
 
+def _joined(sets: dict, which: str) -> str:
+    """The precisions the checked sets ran, fp32 first (e.g. "fp32+bf16" when the served set runs a bf16 part)."""
+    seen = {p[which] for parts in sets.values() for p in parts.values()} or {"fp32"}
+    return "+".join(sorted(seen, key=lambda x: (x != "fp32", x)))
+
+
 def verify_gate(b: Path, timeout: float, threads: int) -> Gate:
     from pipeline.bundle.system import verify_system
 
@@ -111,9 +117,11 @@ def verify_gate(b: Path, timeout: float, threads: int) -> Gate:
     report = verify_system(b, timeout=timeout, threads=threads)
     bad = [Check(**c) for c in report["checks"] if not c["passed"]]
     # one summary check for the table; every individual check stays in extra
-    vg = Gate("system", "bundle self-verification", "fp32", "fp32", "failed checks", value=float(len(bad)),
+    sets = report.get("sets", {})
+    vg = Gate("system", "bundle self-verification", _joined(sets, "requested"), _joined(sets, "effective"),
+              "failed checks", value=float(len(bad)),
               checks=[Check("failed_checks", float(len(bad)), 0.0, "<=", not bad)],
-              extra={"checks": report["checks"]})
+              extra={"checks": report["checks"], "sets": sets})
     vg.status = OK if report["ok"] else FAIL
     vg.reason = "; ".join(f"{c.name}: {c.describe()}" for c in bad)
     vg.seconds = round(time.perf_counter() - t0, 2)

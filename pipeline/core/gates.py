@@ -286,6 +286,26 @@ def evaluate(gate: Gate, candidate: np.ndarray, reference: np.ndarray, atol: flo
     return gate
 
 
+def unlabelled_min_agreement(tol, unlabelled: bool) -> tuple[float | None, bool]:
+    """(least strict agreement, raised?). Without labels no metric or lost-lines gate sees what a disagreement costs,
+    so each one counts as a loss: a row allowed a metric drop d (fp16/bf16 0.03, int8 0.04) must agree on at least
+    1 - d. Otherwise a 5 % planted flip passed int8's min_agreement 0.85 unseen. Rows allowed no drop (fp32) keep
+    min_agreement: their elementwise bound (1e-4) already fails any moved score."""
+    floor = getattr(tol, "min_agreement", None)
+    drop = float(getattr(tol, "metric_delta", 0.0) or 0.0)
+    if not unlabelled or floor is None or not 0.0 < drop < 1.0 or 1.0 - drop <= floor:
+        return floor, False
+    return 1.0 - drop, True
+
+
+def _note_unlabelled(gate: Gate, key: str, tol) -> None:
+    for c in gate.checks:
+        if c.name.endswith("agreement"):
+            c.detail += (f"; no labels: every disagreement counts as a loss, limit 1 - metric_delta "
+                         f"{tol.metric_delta:g} (min_agreement {tol.min_agreement:g})")
+            c.key = f"{key}.metric_delta" if key else c.key
+
+
 def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, value: float | None,
                  task=None, key: str = "", labels: np.ndarray | None = None, tie_band: float | None = None) -> Gate:
     """evaluate() with a config Tolerance and the task's agreement measure (argmax for classification, decoded
@@ -303,9 +323,12 @@ def evaluate_tol(gate: Gate, candidate: np.ndarray, reference: np.ndarray, tol, 
     lost = None
     if labels is not None and provides(task, "correct_lost") and len(labels) == len(candidate):
         lost = task.correct_lost(candidate, reference, labels)
+    min_agree, unlabelled = unlabelled_min_agreement(tol, value is None or gate.reference is None)
     evaluate(gate, candidate, reference, atol, value, tol.metric_delta, rtol=rtol, agreement=agreement,
-             min_agreement=getattr(tol, "min_agreement", None), key=key, suffix=suffix,
+             min_agreement=min_agree, key=key, suffix=suffix,
              correct_lost=lost, max_correct_lost=getattr(tol, "max_correct_lost", None), tie_band=tie_band)
+    if unlabelled:
+        _note_unlabelled(gate, key, tol)
     if kind == "probabilities" and gate.checks[0].passed:
         _probability_range(gate, candidate)
     return _note_same_decoding(gate)
