@@ -45,8 +45,13 @@ def rows(work: Path, role: str):
 
 
 def main() -> int:
-    if len(sys.argv) > 1:
-        return check(Path(sys.argv[1]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workdir", nargs="?", type=Path, help="keep the translated programs here (default: a temp folder)")
+    args = ap.parse_args()
+    if args.workdir is not None:
+        return check(args.workdir)
     with tempfile.TemporaryDirectory(prefix="pir-rows-") as work:
         return check(Path(work))
 
