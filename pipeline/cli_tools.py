@@ -94,6 +94,12 @@ def _register_nightly_tools(sub, config_args, output_args) -> None:
     config_args(h)
     h.set_defaults(func=_history)
 
+    st = sub.add_parser("status", help="which stages the next `run` would re-run, and why (config keys, code "
+                                       "files, inputs, CPU kernels)")
+    st.add_argument("stages", nargs="*", default=["all"])
+    st.add_argument("--exit-code", action="store_true", help="exit 1 when any stage would run (for scripts)")
+    config_args(st)
+    st.set_defaults(func=_status)
     t = sub.add_parser("gates", help="print every gate's limits from the config (the table docs/ hold, markdown)")
     config_args(t)
     t.set_defaults(func=_gates)
@@ -316,3 +322,21 @@ def _gates(args) -> int:
 
     print(markdown(_load(args)))
     return 0
+
+
+def _status(args) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from pipeline.core.session import load
+    from pipeline.core.status import UP_TO_DATE, states
+
+    rows = states(load(args), args.stages)
+    table = Table(title="what the next run does (python -m pipeline status)")
+    for col in ("run", "stage", "state", "why"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        style = "green" if r.state == UP_TO_DATE else "yellow"
+        table.add_row(r.run, r.stage, f"[{style}]{r.state}[/{style}]", escape(r.why))
+    Console(width=160).print(table)
+    return 1 if args.exit_code and any(r.state != UP_TO_DATE for r in rows) else 0

@@ -24,6 +24,7 @@ from pipeline.core.config import Config, save_resolved
 from pipeline.core.errors import ConfigError, GateFailed, IntegrityError, MissingArtifact, PipelineError
 from pipeline.core.gates import FAIL, OK, Gate
 from pipeline.core.process_layout import is_auto
+from pipeline.core.status import code_record
 from pipeline.core.supervise import mark_stage
 
 log = logging.getLogger("pipeline")
@@ -407,6 +408,7 @@ class Runner:
             "versions": env.versions(),
             "cpu_tuning": env.tuning_record(),
             **({"kernels": kernel_key()} if stage.bound_to_machine(self.cfg) else {}),
+            "code": code_record(code_files(stage)),     # per-file digests: `pipeline status` names an edited file
             "started": started,
             "duration_s": round(seconds, 2),
         }
