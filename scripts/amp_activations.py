@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import pipeline  # noqa: F401,E402  (side effect: zlib before paddle, CPU tuning)
+import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 
 def saved_for_backward(program) -> dict:
@@ -74,11 +74,16 @@ def main() -> int:
     p.add_argument("-o", dest="overrides", action="append", default=[], help="config override key=value")
     args = p.parse_args()
     from pipeline.core import env
+    from pipeline.core.errors import PipelineError
 
     env.import_paddle_quietly()
     totals = {}
     for name, bf16 in (("fp32", False), ("bf16", True)):
-        saved = saved_for_backward(build(args.config, args.batch, args.overrides, bf16).main)
+        try:
+            saved = saved_for_backward(build(args.config, args.batch, args.overrides, bf16).main)
+        except PipelineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         totals[name] = sum(sum(by.values()) for by in saved.values())
         print(f"{name} program, batch {args.batch}: {totals[name]:.1f} MB kept for the backward pass")
         for dtype, by in saved.items():

@@ -124,7 +124,8 @@ def _rss_mb() -> float:
 
 def spawn(model: str, mode: str, args, batch: int | None = None) -> LineChild:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child-model", model, "--mode", mode,
-           "--epochs", str(args.epochs), "--speed-steps", str(args.speed_steps), *(["--batch", str(batch)] if batch else []),
+           "--epochs", str(args.epochs), "--speed-steps", str(args.speed_steps),
+           *(["--batch", str(batch)] if batch else []),
            *(["--num-train", str(args.num_train)] if args.num_train else []),
            *(["--train-batch", str(args.train_batch)] if args.train_batch else [])]
     return LineChild(cmd, f"amp-bench {model} {mode}", cwd=ROOT, env=dict(os.environ))
@@ -197,10 +198,11 @@ def split_gains(rows: list[dict]) -> list[str]:
         sf, bf, fp = by["static-fp32"], by["bf16"], by["fp32"]
         kern = bf["samples_per_s"] / sf["samples_per_s"]
         exe = sf["samples_per_s"] / fp["samples_per_s"]
-        bf.update(vs_static_fp32={"samples_per_s": round(kern, 3), "peak_rss": round(bf["peak_rss_mb"] / sf["peak_rss_mb"], 3),
-                                  "metric_delta": round(bf["metric"] - sf["metric"], 4)})
-        lines.append(f"{model}: bf16 vs static fp32 (same executor: the bf16 kernels' own effect) {kern:.2f}x samples/s, "
-                     f"{bf['peak_rss_mb'] / sf['peak_rss_mb']:.2f}x peak RSS, metric {bf['metric'] - sf['metric']:+.4f}; "
+        rss, delta = bf["peak_rss_mb"] / sf["peak_rss_mb"], bf["metric"] - sf["metric"]
+        bf.update(vs_static_fp32={"samples_per_s": round(kern, 3), "peak_rss": round(rss, 3),
+                                  "metric_delta": round(delta, 4)})
+        lines.append(f"{model}: bf16 vs static fp32 (same executor: the bf16 kernels' own effect) {kern:.2f}x "
+                     f"samples/s, {rss:.2f}x peak RSS, metric {delta:+.4f}; "
                      f"static fp32 vs fp32 (the executor's effect) {exe:.2f}x samples/s")
     return lines
 
@@ -223,7 +225,8 @@ def html(rows: list[dict], path: Path) -> None:
     svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{y + 10}">' \
           f'<line x1="350" y1="0" x2="350" y2="{y}" stroke="#000" stroke-dasharray="3"/>{"".join(bars)}</svg>'
     path.write_text(f"<!doctype html><meta charset='utf-8'><title>make amp-bench</title><h1>Training samples/s vs fp32"
-                    f"</h1><p>dashed line: 1.0x (fp32, the dygraph trainer)</p>{svg}<p>{'<br>'.join(split_gains(rows))}</p><pre>{json.dumps(rows, indent=1)}"
+                    f"</h1><p>dashed line: 1.0x (fp32, the dygraph trainer)</p>{svg}<p>{'<br>'.join(split_gains(rows))}</p>"
+                    f"<pre>{json.dumps(rows, indent=1)}"
                     f"</pre>")
 
 
