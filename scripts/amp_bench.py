@@ -46,8 +46,9 @@ MODES = {"fp32": ["train.amp.enable=false"],
          "static-fp32": ["train.amp.enable=true", "train.amp.dtype=bfloat16", "train.amp.level=O1"]}
 
 
-def _overrides(model: str, mode: str, epochs: int, batch: int | None = None) -> list[str]:
+def _overrides(model: str, mode: str, epochs: int, batch: int | None = None, args=None) -> list[str]:
     _, extra, b, n = MODELS[model]             # the memory probe (batch=2B) loads the same data: RSS comparable
+    b, n = getattr(args, "train_batch", None) or b, getattr(args, "num_train", None) or n
     return [*extra, *MODES[mode], f"train.epochs={epochs}", f"train.batch_size={batch or b}", f"data.num_train={n}",
             "train.resume=false", "train.nproc=1", "train.min_metric=0.0", "run.quiet=true"]
 
@@ -87,7 +88,7 @@ def child(args) -> None:
     if args.mode == "static-fp32":
         _static_fp32()
     config = ROOT / MODELS[args.model][0]
-    cfg = load_config([config], _overrides(args.model, args.mode, 1 if args.batch else args.epochs, args.batch))
+    cfg = load_config([config], _overrides(args.model, args.mode, 1 if args.batch else args.epochs, args.batch, args))
     paddle.set_device("cpu")
     paddle.seed(cfg.seed)
     task = get_task(cfg.task, cfg.section("detection")["detection"])
@@ -107,7 +108,7 @@ def child(args) -> None:
         n = min(len(ds.train.labels), b * args.speed_steps)
         small = Datasets(Split(ds.train.images[:n], ds.train.labels[:n]), Split(ds.val.images[:32], ds.val.labels[:32]),
                          ds.info)
-        one = load_config([config], _overrides(args.model, args.mode, 1))
+        one = load_config([config], _overrides(args.model, args.mode, 1, None, args))
         for line in sys.stdin:
             request = line.strip()
             if request == "speed":
@@ -123,7 +124,10 @@ def _rss_mb() -> float:
 
 def spawn(model: str, mode: str, args, batch: int | None = None) -> LineChild:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child-model", model, "--mode", mode,
-           "--epochs", str(args.epochs), "--speed-steps", str(args.speed_steps), *(["--batch", str(batch)] if batch else [])]
+           "--epochs", str(args.epochs), "--speed-steps", str(args.speed_steps),
+           *(["--batch", str(batch)] if batch else []),
+           *(["--num-train", str(args.num_train)] if args.num_train else []),
+           *(["--train-batch", str(args.train_batch)] if args.train_batch else [])]
     return LineChild(cmd, f"amp-bench {model} {mode}", cwd=ROOT, env=dict(os.environ))
 
 
@@ -175,10 +179,32 @@ def table(rows: list[dict], args, console) -> None:
                   f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x", str(r["largest_batch"] or "n/a"),
                   f"{r['metric_name']} {r['metric']:.4f}", f"{r['metric'] - base['metric']:+.4f}")
     console.print(t)
+    for line in split_gains(rows):
+        console.print(line, soft_wrap=True, highlight=False)
     for r in rows:
         if r["mode"] == "bf16" and r["route"] != "static-bf16":
             console.print(f"[yellow]{r['model']}[/]: bf16 did not run ({r['reason']}); its ratios are run-to-run "
                           "noise of identical fp32 training.", soft_wrap=True, highlight=False)
+
+
+def split_gains(rows: list[dict]) -> list[str]:
+    """bf16 vs fp32 mixes two effects: the static executor and the bf16 kernels. Per model with a static-fp32 row:
+    bf16 / static fp32 (same executor, same program: what bf16 itself brings) and static fp32 / fp32 (the executor)."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        by = {r["mode"]: r for r in rows if r["model"] == model}
+        if not {"fp32", "bf16", "static-fp32"} <= set(by):
+            continue
+        sf, bf, fp = by["static-fp32"], by["bf16"], by["fp32"]
+        kern = bf["samples_per_s"] / sf["samples_per_s"]
+        exe = sf["samples_per_s"] / fp["samples_per_s"]
+        rss, delta = bf["peak_rss_mb"] / sf["peak_rss_mb"], bf["metric"] - sf["metric"]
+        bf.update(vs_static_fp32={"samples_per_s": round(kern, 3), "peak_rss": round(rss, 3),
+                                  "metric_delta": round(delta, 4)})
+        lines.append(f"{model}: bf16 vs static fp32 (same executor: the bf16 kernels' own effect) {kern:.2f}x "
+                     f"samples/s, {rss:.2f}x peak RSS, metric {delta:+.4f}; "
+                     f"static fp32 vs fp32 (the executor's effect) {exe:.2f}x samples/s")
+    return lines
 
 
 def html(rows: list[dict], path: Path) -> None:
@@ -199,7 +225,8 @@ def html(rows: list[dict], path: Path) -> None:
     svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{y + 10}">' \
           f'<line x1="350" y1="0" x2="350" y2="{y}" stroke="#000" stroke-dasharray="3"/>{"".join(bars)}</svg>'
     path.write_text(f"<!doctype html><meta charset='utf-8'><title>make amp-bench</title><h1>Training samples/s vs fp32"
-                    f"</h1><p>dashed line: 1.0x (fp32, the dygraph trainer)</p>{svg}<pre>{json.dumps(rows, indent=1)}"
+                    f"</h1><p>dashed line: 1.0x (fp32, the dygraph trainer)</p>{svg}<p>{'<br>'.join(split_gains(rows))}</p>"
+                    f"<pre>{json.dumps(rows, indent=1)}"
                     f"</pre>")
 
 
@@ -209,6 +236,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per mode, taken in turns")
     p.add_argument("--speed-steps", type=int, default=4, help="steps per timed epoch")
+    p.add_argument("--num-train", type=int, help="training samples (default: each model's own, small)")
+    p.add_argument("--train-batch", type=int, help="batch size (default: each model's own)")
     p.add_argument("--mem-gb", type=float, default=float(os.environ.get("AMP_BENCH_MEM_GB", "4")))
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--html", type=Path, help="also write an HTML page with a plot here")

@@ -282,3 +282,23 @@ def test_a_conv_model_with_little_bf16_work_trains_fp32_and_says_why(tmp_path):
     prec = load_manifest(tmp_path / "r" / "train")["precision"]
     assert prec["effective"] == "float32" and "multiply-adds could run bf16" in prec["reason"]
     assert "bf16_min_mac_share" in prec["reason"] and "\n" not in prec["reason"]
+
+
+def test_amp_bench_separates_the_executor_gain_from_the_bf16_gain():
+    import importlib
+
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        bench = importlib.import_module("amp_bench")
+    finally:
+        sys.path.remove(scripts)
+    row = lambda mode, sps, rss, metric: {"model": "vit", "mode": mode, "samples_per_s": sps, "peak_rss_mb": rss,
+                                          "metric": metric}
+    rows = [row("fp32", 10.0, 1000, 0.50), row("bf16", 15.0, 1500, 0.49), row("static-fp32", 16.0, 1400, 0.50),
+            row("fp32", 5.0, 100, 0.1) | {"model": "cnn"}, row("bf16", 5.0, 100, 0.1) | {"model": "cnn"}]
+    lines = bench.split_gains(rows)
+    assert len(lines) == 1 and lines[0].startswith("vit: bf16 vs static fp32")   # no static-fp32 row: no split
+    assert "0.94x samples/s" in lines[0] and "1.07x peak RSS" in lines[0] and "metric -0.0100" in lines[0]
+    assert "static fp32 vs fp32 (the executor's effect) 1.60x" in lines[0]
+    assert rows[1]["vs_static_fp32"] == {"samples_per_s": 0.938, "peak_rss": 1.071, "metric_delta": -0.01}
