@@ -34,13 +34,13 @@ log = logging.getLogger("pipeline")
 
 def run(ctx: StageContext) -> StageResult:
     cfg, sc = ctx.cfg, ctx.cfg.server
+    ctx.memory_budget = MemoryBudget(sc.memory_budget_mb)      # kept after every row, or the stage stops there
     ref = load_reference(ctx.input("export"))
     x, prefix = ref.inputs, ref.model_prefix
     with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
         # the tuning split's labels (runs trained before they were saved: None, judged without labels)
         ctx.calib_labels = z["labels"] if "labels" in z.files else None
-    ctx.memory_budget = MemoryBudget(sc.memory_budget_mb)      # kept after every row, or the stage stops there
     ctx.memory_budget.check(LOADING)
     onnx_model = imported_onnx(ref)
     ctx.batches = batch_sizes(cfg, prefix, x) if onnx_model is None else onnx_batch_sizes(cfg, onnx_model, x)

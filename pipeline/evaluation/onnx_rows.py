@@ -63,7 +63,7 @@ def onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
                                  lambda: openvino_bf16_row(ctx, task, onnx_file, args), evidence_dir))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
-        settle_memory(served, budget, gates[-1].subject)
+        settle_memory(served, budget, gates[-1].subject if kind == "openvino" else f"{kind} GPU providers")
     for g in gates:
         g.extra["onnx_opset"] = opset
     return gates

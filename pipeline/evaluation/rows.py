@@ -36,7 +36,10 @@ class MemoryBudget:
     the peak is read after it."""
 
     def __init__(self, budget_mb: int):
+        from pipeline.core import resources
+
         self.budget_mb, self.rows = budget_mb, {}
+        resources.row_peak_mb()     # a fresh mark: what ran before the stage is not charged to its loading
 
     def check(self, where: str) -> None:
         from pipeline.core import resources
