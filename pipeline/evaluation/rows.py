@@ -54,7 +54,8 @@ class MemoryBudget:
 
     def _fix(self, where: str) -> str:
         if where == LOADING:
-            return "raise server.memory_budget_mb: the model, its reference outputs and the calibration data alone take that"
+            return ("raise server.memory_budget_mb: the model, its reference outputs and the calibration data alone "
+                    "take that")
         return (f"raise server.memory_budget_mb, lower server.batch_memory_mb (smaller batches) or leave the row out "
                 f"(server.precisions / server.engines); peaks so far: {self.record()['peak_rss_mb_by_row']}")
 
