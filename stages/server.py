@@ -24,8 +24,8 @@ from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.evaluation.http_rows import predict_http_row, served_batching
 from pipeline.evaluation.onnx_rows import onnx_rows
 from pipeline.evaluation.paddle_rows import paddle_rows, paddle_rows_skipped
-from pipeline.evaluation.rows import (LOADING, MemoryBudget, batch_sizes, imported_onnx, onnx_batch_sizes, role_of,
-                                      server_device, server_threads)
+from pipeline.evaluation.rows import (FINISHING, LOADING, MemoryBudget, batch_sizes, imported_onnx, onnx_batch_sizes,
+                                      role_of, server_device, server_threads)
 from pipeline.evaluation.timing import perf_figures
 from pipeline.tasks.reference import load_reference
 
@@ -66,7 +66,7 @@ def run(ctx: StageContext) -> StageResult:
                                       (serving or {}).get("batching")))
     if engine is not None:
         engine.close()
-    ctx.memory_budget.check("the recommendation and the HTTP row")
+    ctx.memory_budget.check(FINISHING)
     info_out["memory"] = ctx.memory_budget.record()
 
     write_json(ctx.out_dir / "perf.json", perf_figures(gates, prefix, threads, info_out, onnx_model, list(x.shape)))

@@ -41,29 +41,33 @@ class MemoryBudget:
         self.budget_mb, self.rows = budget_mb, {}
         resources.row_peak_mb()     # a fresh mark: what ran before the stage is not charged to its loading
 
-    def check(self, where: str) -> None:
+    def check(self, name: str) -> None:
+        """name: a row's subject, or a phase (LOADING, FINISHING)."""
         from pipeline.core import resources
 
         peak = resources.row_peak_mb()
         if peak is None:
             return      # no high-water mark here (not Linux): nothing measured, nothing refused
-        self.rows[where] = peak
+        self.rows[name] = peak
         if peak > self.budget_mb:
+            where = name if name in (LOADING, FINISHING) else f"row '{name}'"
             raise GateFailed(f"server: peak RSS {peak:.0f} MB in {where} is over server.memory_budget_mb="
-                             f"{self.budget_mb} MB", hint=self._fix(where))
+                             f"{self.budget_mb} MB", hint=self._fix(name))
 
-    def _fix(self, where: str) -> str:
-        if where == LOADING:
+    def _fix(self, name: str) -> str:
+        if name == LOADING:
             return ("raise server.memory_budget_mb: the model, its reference outputs and the calibration data alone "
                     "take that")
-        return (f"raise server.memory_budget_mb, lower server.batch_memory_mb (smaller batches) or leave the row out "
-                f"(server.precisions / server.engines); peaks so far: {self.record()['peak_rss_mb_by_row']}")
+        so_far = ", ".join(f"{k} {v:.0f}" for k, v in self.rows.items())
+        return ("raise server.memory_budget_mb, lower server.batch_memory_mb (smaller batches) or leave the row out "
+                f"(server.precisions / server.engines); peak RSS, MB: {so_far}")
 
     def record(self) -> dict:
         return {"budget_mb": self.budget_mb, "peak_rss_mb_by_row": dict(self.rows)}
 
 
 LOADING = "loading the reference and calibration data"
+FINISHING = "the recommendation and the HTTP row"
 
 
 def settle_memory(served: dict, budget: MemoryBudget | None = None, row: str = "") -> None:
@@ -79,7 +83,7 @@ def settle_memory(served: dict, budget: MemoryBudget | None = None, row: str = "
     if rss is not None:
         log.info("[server] RSS after the row: %.0f MB", rss)
     if budget is not None:
-        budget.check(f"row '{row}'")
+        budget.check(row)
 
 
 def batch_sizes(cfg, prefix, x) -> dict:
