@@ -182,18 +182,17 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     """Linux starts a child's ru_maxrss at its parent's size (the forked memory's mark survives exec): a Lite child of
     a 5.5 GB stage read 5.5 GB. The stage records the peak a child reads from its own /proc status instead."""
     import resource
-    import time
 
     if resources.hwm_mb() is None:
         pytest.skip("no VmHWM here (not Linux)")
     resources.reset_peak()
     blob = bytearray(256 << 20)
     blob[::4096] = b"x" * len(blob[::4096])
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    own, deadline = None, time.monotonic() + 5
-    while own is None and time.monotonic() < deadline:      # alive (waiting on stdin): its own mark
-        own = resources.hwm_mb(child.pid)
-    assert own is not None, (child.poll(), Path(f"/proc/{child.pid}/status").read_text()[:200])
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout.readline().strip() == b"ready"     # started (just after exec its mark is still 0 kB)
+    own = resources.hwm_mb(child.pid)                       # alive, waiting on stdin: its own mark
+    assert own, (child.poll(), Path(f"/proc/{child.pid}/status").read_text()[:200])
     resources.note_child(own)
     child.communicate(b"")
     rec = resources.peak_record(True)
