@@ -58,7 +58,7 @@ def main() -> int:
     with np.load(run_dir / "train" / "calib.npz") as z:
         calib = z["inputs"]
     prefix = str(run_dir / "export" / "inference")
-    cb = quant.calib_batch(prefix, list(x.shape), cfg.server.memory_budget_mb, q.batch_size)
+    cb = quant.calib_batch(prefix, list(x.shape), cfg.server.batch_memory_mb, q.batch_size)
 
     def ptq(out: Path, skip: list[str]) -> str:
         return quant.quantize_ptq(prefix, out, calib, algo=q.algo, batch_size=cb, batch_nums=q.batch_nums,

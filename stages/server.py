@@ -24,8 +24,8 @@ from pipeline.core.runner import Stage, StageContext, StageResult
 from pipeline.evaluation.http_rows import predict_http_row, served_batching
 from pipeline.evaluation.onnx_rows import onnx_rows
 from pipeline.evaluation.paddle_rows import paddle_rows, paddle_rows_skipped
-from pipeline.evaluation.rows import (batch_sizes, imported_onnx, onnx_batch_sizes, role_of, server_device,
-                                      server_threads)
+from pipeline.evaluation.rows import (FINISHING, LOADING, MemoryBudget, batch_sizes, imported_onnx, onnx_batch_sizes,
+                                      role_of, server_device, server_threads)
 from pipeline.evaluation.timing import perf_figures
 from pipeline.tasks.reference import load_reference
 
@@ -34,15 +34,17 @@ log = logging.getLogger("pipeline")
 
 def run(ctx: StageContext) -> StageResult:
     cfg, sc = ctx.cfg, ctx.cfg.server
+    ctx.memory_budget = MemoryBudget(sc.memory_budget_mb)      # kept after every row, or the stage stops there
     ref = load_reference(ctx.input("export"))
     x, prefix = ref.inputs, ref.model_prefix
     with np.load(ctx.input("train", "calib.npz")) as z:
         calib = z["inputs"]
         # the tuning split's labels (runs trained before they were saved: None, judged without labels)
         ctx.calib_labels = z["labels"] if "labels" in z.files else None
+    ctx.memory_budget.check(LOADING)
     onnx_model = imported_onnx(ref)
     ctx.batches = batch_sizes(cfg, prefix, x) if onnx_model is None else onnx_batch_sizes(cfg, onnx_model, x)
-    log.info("[server] batch sizes within server.memory_budget_mb=%d: %s", sc.memory_budget_mb, ctx.batches)
+    log.info("[server] batch sizes within server.batch_memory_mb=%d: %s", sc.batch_memory_mb, ctx.batches)
     device, threads = server_device(cfg), server_threads(cfg)
     info_out: dict = {"device": device, "threads": threads, "batch_sizes": ctx.batches}
     tuning: dict = {}
@@ -64,6 +66,8 @@ def run(ctx: StageContext) -> StageResult:
                                       (serving or {}).get("batching")))
     if engine is not None:
         engine.close()
+    ctx.memory_budget.check(FINISHING)
+    info_out["memory"] = ctx.memory_budget.record()
 
     write_json(ctx.out_dir / "perf.json", perf_figures(gates, prefix, threads, info_out, onnx_model, list(x.shape)))
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},

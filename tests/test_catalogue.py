@@ -178,6 +178,30 @@ def test_peak_memory_is_per_stage():
         assert resources.peak_record(True)["peak_rss_mb"] < rec["peak_rss_mb"]
 
 
+def test_a_child_reports_its_own_peak_not_its_parents():
+    """Linux starts a child's ru_maxrss at its parent's size (the forked memory's mark survives exec): a Lite child of
+    a 5.5 GB stage read 5.5 GB. The stage records the peak a child reads from its own /proc status instead."""
+    import resource
+
+    if resources.hwm_mb() is None:
+        pytest.skip("no VmHWM here (not Linux)")
+    resources.reset_peak()
+    blob = bytearray(256 << 20)
+    blob[::4096] = b"x" * len(blob[::4096])
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout.readline().strip() == b"ready"     # started (just after exec its mark is still 0 kB)
+    own = resources.hwm_mb(child.pid)                       # alive, waiting on stdin: its own mark
+    assert own, (child.poll(), Path(f"/proc/{child.pid}/status").read_text()[:200])
+    resources.note_child(own)
+    child.communicate(b"")
+    rec = resources.peak_record(True)
+    assert rec["peak_rss_mb"] >= 256 and rec["largest_child_rss_mb"] < 128
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 >= 256    # what rusage would have said
+    del blob
+    assert resources.reset_peak() is True and resources.peak_record(True)["largest_child_rss_mb"] is None
+
+
 def _fragment(mb: int):
     """`mb` MiB of 64 KiB malloc chunks freed below one live chunk (free() cannot shrink the heap) -> its pointer."""
     import ctypes

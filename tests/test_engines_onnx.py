@@ -233,3 +233,30 @@ def test_settle_memory_trims_every_kept_engine():
     routed = ShapeRouted(Kept("one"), Kept("many"))
     settle_memory({"paddle-inference": routed, "openvino": Kept("ov")})
     assert trimmed == ["one", "many", "ov"]
+
+
+def test_the_memory_budget_stops_the_stage_at_the_row_that_passed_it():
+    """server.memory_budget_mb is the stage's peak RSS: kept (each row's peak recorded), or one line naming the row,
+    the measured peak, the key and what to change."""
+    from pipeline.core import resources
+    from pipeline.core.errors import GateFailed
+    from pipeline.evaluation.rows import LOADING, MemoryBudget, settle_memory
+
+    if resources.hwm_mb() is None:
+        pytest.skip("no VmHWM here (not Linux): the budget measures nothing and refuses nothing")
+    resources.reset_peak()
+    kept = MemoryBudget(1 << 20)
+    kept.check(LOADING)
+    blob = bytearray(96 << 20)
+    blob[::4096] = b"x" * len(blob[::4096])             # 96 MB touched inside the "row"
+    del blob
+    settle_memory({}, kept, "paddle-inference fp32")
+    rows = kept.record()["peak_rss_mb_by_row"]
+    assert list(rows) == [LOADING, "paddle-inference fp32"] and rows["paddle-inference fp32"] >= 96
+    with pytest.raises(GateFailed) as exc:
+        settle_memory({}, MemoryBudget(8), "openvino int8")
+    line = exc.value.one_line()
+    assert "row 'openvino int8'" in line and "server.memory_budget_mb=8 MB" in line and "\n" not in line
+    assert "server.batch_memory_mb" in line
+    with pytest.raises(GateFailed, match="raise server.memory_budget_mb: the model"):
+        MemoryBudget(8).check(LOADING)

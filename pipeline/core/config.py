@@ -303,7 +303,8 @@ class ServerCfg(Section):
     onnx: OnnxCfg
     tuning: TuningCfg
     recommend: RecommendCfg
-    memory_budget_mb: int = PosInt
+    batch_memory_mb: int = PosInt       # bound on one batch's activations (batch sizes)
+    memory_budget_mb: int = PosInt      # the stage's peak RSS (pipeline/evaluation/rows.py MemoryBudget)
 
     @model_validator(mode="after")
     def _every_precision_has_a_gate(self):

@@ -2,7 +2,10 @@
 
 Stages run one after another in one process, so `ru_maxrss` alone would report the largest stage for every
 later one; writing 5 to /proc/self/clear_refs resets VmHWM (Linux >= 4.0), which makes the peak per stage.
-Subprocesses (Lite runs, launched ranks) are reported by RUSAGE_CHILDREN: the largest child so far.
+Subprocesses report their own high-water mark (note_child: Lite opt and run children): RUSAGE_CHILDREN cannot be
+used, a child's ru_maxrss starts at its parent's size when it was spawned (Linux carries the forked memory's
+high-water mark across exec), so every Lite child of a 5.5 GB stage read 5.5 GB (issue 48).
+A stage's rows may take their own peaks (row_peak_mb); the stage's peak stays the largest of them.
 Before a stage starts, the memory earlier stages freed is given back to the kernel (release_memory), so a stage
 neither carries nor is charged for its predecessors' freed heap.
 """
@@ -58,8 +61,10 @@ class HeapGuard:
             self.mark = release_memory() or now
 
 
-def reset_peak() -> bool:
-    """Start a new high-water mark; False where the kernel does not offer it (then the peak is process-wide)."""
+_STAGE = {"peak_mb": 0.0, "child_mb": 0.0}     # since reset_peak(): peaks taken by row_peak_mb, children noted
+
+
+def _clear_hwm() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -68,17 +73,50 @@ def reset_peak() -> bool:
         return False
 
 
+def reset_peak() -> bool:
+    """Start a new high-water mark; False where the kernel does not offer it (then the peak is process-wide)."""
+    _STAGE.update(peak_mb=0.0, child_mb=0.0)
+    return _clear_hwm()
+
+
+def hwm_mb(pid: int | str = "self") -> float | None:
+    """A live process's high-water mark of RSS (VmHWM), MB; None once it has exited or off Linux."""
+    kb = _status_kb("VmHWM", str(pid))
+    return None if kb is None else round(kb / 1024, 1)
+
+
+def row_peak_mb() -> float | None:
+    """The peak since the last row_peak_mb (or reset_peak), then a new mark for the next row; the stage's peak
+    keeps the largest. None where the kernel keeps no high-water mark."""
+    peak = hwm_mb()
+    if peak is not None and _clear_hwm():
+        _STAGE["peak_mb"] = max(_STAGE["peak_mb"], peak)
+    return peak
+
+
+def stage_peak_mb() -> float | None:
+    """This process's peak since reset_peak(), rows' peaks included."""
+    now = hwm_mb()
+    return None if now is None else max(now, _STAGE["peak_mb"])
+
+
+def note_child(peak_mb: float | None) -> None:
+    """A child process's own high-water mark (read from its /proc status before it exits)."""
+    if peak_mb is not None:
+        _STAGE["child_mb"] = max(_STAGE["child_mb"], float(peak_mb))
+
+
 def rss_mb(pid: int | str = "self") -> float | None:
     kb = _status_kb("VmRSS", str(pid))
     return None if kb is None else round(kb / 1024, 1)
 
 
 def peak_record(reset_ok: bool) -> dict:
-    """For the stage manifest: this process's peak since reset_peak(), and the largest child process so far."""
-    hwm = _status_kb("VmHWM")
+    """For the stage manifest: this process's peak since reset_peak(), and the largest child that reported its own
+    (None: no child did)."""
+    hwm = stage_peak_mb()
     self_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     scale = 1024 * 1024 if sys.platform == "darwin" else 1024       # ru_maxrss: bytes on macOS, kB on Linux
-    peak = hwm / 1024 if hwm is not None and reset_ok else self_max / scale
+    peak = hwm if hwm is not None and reset_ok else self_max / scale
     return {"peak_rss_mb": round(peak, 1), "peak_is_per_stage": bool(reset_ok and hwm is not None),
-            "largest_child_rss_mb": round(children / scale, 1)}
+            "largest_child_rss_mb": round(_STAGE["child_mb"], 1) or None}

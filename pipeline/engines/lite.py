@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core import tempdirs
+from pipeline.core import resources, tempdirs
 from pipeline.engines.base import Engine, validate_input
 from pipeline.core.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
 
@@ -88,7 +88,9 @@ def _child(args: list[str], *, what: str, target: str, timeout: float, hint: str
     if proc.returncode != 0 or not lines:
         tail = _tail(proc.stderr or proc.stdout)
         raise EngineCrash(f"{head}: {_signal_name(proc.returncode)}; stderr: {tail}", hint)
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    resources.note_child(result.get("peak_rss_mb"))
+    return result
 
 
 def nb_kernels(nb_path: str | os.PathLike) -> list[tuple[str, str, int, int]]:
@@ -320,6 +322,19 @@ def fp32_nb_runs_correctly_here(target: str, precision: str = "fp32") -> bool:
     return precision == "fp32" and target == host_arch()
 
 
+def _npy_view(body: bytearray) -> np.ndarray:
+    """The array of a .npy reply, on the received bytes (np.load would copy a 370 MB rec output once more)."""
+    import io
+
+    fmt = np.lib.format
+    head = io.BytesIO(bytes(body[:1 << 16]))
+    version = fmt.read_magic(head)
+    shape, fortran, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(head)
+    if fortran or dtype.hasobject:
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    return np.frombuffer(body, dtype, count=int(np.prod(shape)), offset=head.tell()).reshape(shape)
+
+
 class LiteWorker:
     """One `lite_child serve` subprocess holding a loaded .nb: many runs pay one start (~0.6 s of Python, numpy
     and Paddle Lite imports each; the OCR system's Lite row made ~100 such calls). Lite aborts the process on
@@ -382,7 +397,7 @@ class LiteWorker:
         body = self._read(proc, int.from_bytes(head[1:], "little"), deadline)
         if head[:1] != b"O":
             raise self._crash(body.decode("utf-8", "replace"))
-        return np.load(io.BytesIO(body), allow_pickle=False)
+        return _npy_view(body)
 
     def close(self, kill: bool = False) -> None:
         proc, self.proc = self.proc, None
@@ -391,6 +406,7 @@ class LiteWorker:
         try:
             if kill:
                 raise OSError("hung worker")
+            resources.note_child(resources.hwm_mb(proc.pid))    # alive, waiting on stdin: its own peak
             proc.stdin.close()
             proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):

@@ -39,6 +39,7 @@ def onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         return [skipped("server", f"{k} fp32", "fp32", task.primary_metric, why + " (set server.onnx.required=true "
                         "to fail instead)") for k in kinds]
     gates, evidence_dir = [], ctx.out_dir / "evidence"
+    budget = getattr(ctx, "memory_budget", None)
     opset = onnx_opset(onnx_file)
     for kind in kinds:
         ok, why = registry.available(kind)
@@ -48,21 +49,21 @@ def onnx_rows(ctx, ref, calib, served: dict, tuning: dict) -> list[Gate]:
         log.info("[server] %s fp32 row", kind)
         gates.append(run_row("server", f"{kind} fp32", "fp32", task.primary_metric,
                              lambda kind=kind: _tuned_row(ctx, task, kind, onnx_file, args, served, tuning), evidence_dir))
-        settle_memory(served)
+        settle_memory(served, budget, gates[-1].subject)
         if "int8" in sc.precisions:
             log.info("[server] %s int8 row", kind)
             gates.append(run_row("server", f"{kind} int8", "int8", task.primary_metric,
                                  lambda kind=kind: _onnx_int8_row(ctx, task, kind, onnx_file, calib, args,
                                                         None if imported else ref.model_prefix),
                                  evidence_dir))
-            settle_memory(served)
+            settle_memory(served, budget, gates[-1].subject)
         if kind == "openvino" and "bf16" in sc.precisions:
             log.info("[server] %s bf16 row", kind)
             gates.append(run_row("server", f"{kind} bf16", "bf16", task.primary_metric,
                                  lambda: openvino_bf16_row(ctx, task, onnx_file, args), evidence_dir))
         if kind == "onnxruntime":
             gates += _ort_gpu_rows(ctx, task, onnx_file, args)
-        settle_memory(served)
+        settle_memory(served, budget, gates[-1].subject if kind == "openvino" else f"{kind} GPU providers")
     for g in gates:
         g.extra["onnx_opset"] = opset
     return gates

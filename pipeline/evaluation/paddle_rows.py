@@ -35,12 +35,13 @@ def paddle_rows(ctx, ref, calib, device: str, threads: int, info_out: dict, tuni
                        ctx.out_dir / "evidence")
         if gate is not None:        # a precision Paddle Inference has no row for adds none
             gates.append(gate)
-        settle_memory(served)
+        budget = getattr(ctx, "memory_budget", None)
+        settle_memory(served, budget, f"paddle-inference {prec}")
         if prec == "bf16" and sc.bf16.emulated:
             log.info("[server] bf16-emulated row")
             gates.append(run_row("server", "paddle-inference bf16-emulated", "bf16", task.primary_metric,
                                  lambda: _bf16_emulated_row(ctx, ref, common, info_out), ctx.out_dir / "evidence"))
-            settle_memory(served)
+            settle_memory(served, budget, "paddle-inference bf16-emulated")
     return gates
 
 

@@ -1,6 +1,6 @@
 """One gated server row: an engine run on the validation slice, judged against the fp32 export with its precision's
 tolerance, timed, with the evidence of what it really ran; and what every row shares (device, threads, batch sizes
-within server.memory_budget_mb, the role server.roles gives a row)."""
+within server.batch_memory_mb, the stage's memory budget, the role server.roles gives a row)."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from pipeline.core import env
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import GateFailed, PipelineError
 from pipeline.core.gates import Gate, evaluate_tol
 from pipeline.engines import evidence
 
@@ -27,10 +27,54 @@ def server_device(cfg) -> str:
     return "gpu" if cfg.server.device in ("auto", "gpu") and caps["gpu"] else "cpu"
 
 
-def settle_memory(served: dict) -> None:
+class MemoryBudget:
+    """server.memory_budget_mb: the peak RSS the server stage keeps. Measured, not estimated: each row's peak is the
+    kernel's high-water mark since the row before, and the stage stops with one line right after the row (or the
+    loading) that took it past the budget. Refusing up front would need an estimate, and the ones at hand are upper
+    bounds far from what runs (activations: 523 MB bound vs ~31 MB measured for PP-OCRv4 rec; PTQ at 3x footprint:
+    4.0 GB said, 2.4-2.7 GB measured), so a budget that fits would be refused. A row is not interrupted midway:
+    the peak is read after it."""
+
+    def __init__(self, budget_mb: int):
+        from pipeline.core import resources
+
+        self.budget_mb, self.rows = budget_mb, {}
+        resources.row_peak_mb()     # a fresh mark: what ran before the stage is not charged to its loading
+
+    def check(self, name: str) -> None:
+        """name: a row's subject, or a phase (LOADING, FINISHING)."""
+        from pipeline.core import resources
+
+        peak = resources.row_peak_mb()
+        if peak is None:
+            return      # no high-water mark here (not Linux): nothing measured, nothing refused
+        self.rows[name] = peak
+        if peak > self.budget_mb:
+            where = name if name in (LOADING, FINISHING) else f"row '{name}'"
+            raise GateFailed(f"server: peak RSS {peak:.0f} MB in {where} is over server.memory_budget_mb="
+                             f"{self.budget_mb} MB", hint=self._fix(name))
+
+    def _fix(self, name: str) -> str:
+        if name == LOADING:
+            return ("raise server.memory_budget_mb: the model, its reference outputs and the calibration data alone "
+                    "take that")
+        so_far = ", ".join(f"{k} {v:.0f}" for k, v in self.rows.items())
+        return ("raise server.memory_budget_mb, lower server.batch_memory_mb (smaller batches) or leave the row out "
+                f"(server.precisions / server.engines); peak RSS, MB: {so_far}")
+
+    def record(self) -> dict:
+        return {"budget_mb": self.budget_mb, "peak_rss_mb_by_row": dict(self.rows)}
+
+
+LOADING = "loading the reference and calibration data"
+FINISHING = "the recommendation and the HTTP row"
+
+
+def settle_memory(served: dict, budget: MemoryBudget | None = None, row: str = "") -> None:
     """After a row: the engines kept for serving give back their batch buffers and the row's freed heap goes back
     to the kernel, so the next row starts from what is live (the v4 det server stage, 2026-12-06: 5.5 GB with
-    every tuned engine's batch-8 pools and each row's leftovers carried forward, issue 48)."""
+    every tuned engine's batch-8 pools and each row's leftovers carried forward, issue 48); then the row's peak
+    is checked against the stage's budget."""
     from pipeline.core import resources
 
     for eng in served.values():
@@ -38,19 +82,21 @@ def settle_memory(served: dict) -> None:
     rss = resources.release_memory()
     if rss is not None:
         log.info("[server] RSS after the row: %.0f MB", rss)
+    if budget is not None:
+        budget.check(row)
 
 
 def batch_sizes(cfg, prefix, x) -> dict:
-    """Batches that fit server.memory_budget_mb for this model (gate runs, throughput, calibration)."""
+    """Batches that fit server.batch_memory_mb for this model (gate runs, throughput, calibration)."""
     from pipeline.engines.perf import batch_for
     from pipeline.engines.quant import calib_batch
 
     sc, shape = cfg.server, list(x.shape)
-    return {"gate": batch_for(prefix, shape, sc.memory_budget_mb, 64),
-            "perf": batch_for(prefix, shape, sc.memory_budget_mb, sc.perf.batch_size),
-            "quant": batch_for(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size),
+    return {"gate": batch_for(prefix, shape, sc.batch_memory_mb, 64),
+            "perf": batch_for(prefix, shape, sc.batch_memory_mb, sc.perf.batch_size),
+            "quant": batch_for(prefix, shape, sc.batch_memory_mb, sc.quant.batch_size),
             # PTQ keeps every activation of the batch alive (no memory reuse): sized by the program's full footprint
-            "calib": calib_batch(prefix, shape, sc.memory_budget_mb, sc.quant.batch_size)}
+            "calib": calib_batch(prefix, shape, sc.batch_memory_mb, sc.quant.batch_size)}
 
 
 def imported_onnx(ref):
@@ -68,7 +114,7 @@ def onnx_batch_sizes(cfg, onnx_file, x) -> dict:
     from pipeline.models.onnx_import import activation_bytes
 
     sc, per = cfg.server, activation_bytes(onnx_file, list(x.shape))
-    fit = lambda wanted, copies=1: fit_batch(copies * per, sc.memory_budget_mb, wanted)
+    fit = lambda wanted, copies=1: fit_batch(copies * per, sc.batch_memory_mb, wanted)
     return {"gate": fit(64), "perf": fit(sc.perf.batch_size), "quant": fit(sc.quant.batch_size),
             "calib": fit(sc.quant.batch_size, PTQ_COPIES)}
 
