@@ -98,12 +98,15 @@ def advise(trials: list[dict], min_speedup: float) -> dict:
     return next(t for t in fast if t["changed"] == best)
 
 
-def _trial(ovx, base, tmp, ranked, k, x, ref, post, batch, judge) -> dict:
+def _trial(ovx, base, tmp, ranked, k, x, ref, post, batch, judge, text_judge=None) -> dict:
     names = [n for s in ranked[:k] for n in s["names"]]
     ovx.keep_f32_ir(base, names, Path(tmp) / "keep.xml")
-    out = ovx.run_ir(Path(tmp) / "keep.xml", x, "bf16", batch=batch)
     t = {"k": k, "layers": [s["layer"] for s in ranked[:k]],
          "speed_vs_f32": round(speed(base, Path(tmp) / "keep.xml", x, batch=batch), 3)}
+    if text_judge is not None:
+        t.update(text_judge(Path(tmp) / "keep.xml"))
+        return t
+    out = ovx.run_ir(Path(tmp) / "keep.xml", x, "bf16", batch=batch)
     t.update(changed_boxes(out, ref, post) if post is not None else {"changed": changed_lines(out, ref), "of": len(x)})
     if judge is not None:
         r = judge(out)
@@ -127,6 +130,48 @@ def _judge(run: Path, x: np.ndarray, batch: int):
     return lambda out: judge_try(task, tol, out, ref_out, labels, "bf16", key="server.gates.bf16")
 
 
+def _text_judge(args, min_agreement: float):
+    """--judge text (detectors): the tuning pages (pipeline/data/edge_pages.py), their detector inputs, and
+    xml -> that IR's bf16 detector judged by the lines the system reads (scripts/det_text_judge.py): it holds when at
+    most MARGIN of (1 - server.recommend.min_agreement) of the reference lines change."""
+    import det_text_judge as tj
+    from pipeline.ocr.line_judge import judge_detector
+
+    spec, rec, cls = tj.system_parts(args.system)
+    t0 = time.perf_counter()
+    pages = tj.tuning_pages(args.samples or 32, args.seed)
+    x = tj.det_inputs(pages, spec)
+    print(f"{len(pages)} tuning pages rendered in {time.perf_counter() - t0:.0f} s")
+    state = {}
+
+    def judge(xml: Path) -> dict:
+        r = judge_detector(pages, tj.IrDetector(xml, "bf16"), state["refs"], rec, spec, cls)
+        budget = (1 - min_agreement) * MARGIN * r["of"]
+        return r | {"holds": r["changed"] <= budget, "budget": round(budget, 1)}
+
+    def start(base: Path) -> None:        # the f32 detector's reading: the reference every trial is judged against
+        state["refs"] = tj.references(pages, tj.IrDetector(base, "f32"), rec, spec, cls)
+
+    judge.start = start
+    return x, judge
+
+
+def _report(t: dict, post, batch: int, judge, text: bool) -> str:
+    if text:
+        return (f"k={t['k']}: {t['changed']} of {t['of']} tuning lines changed (text {t['text']}, missing "
+                f"{t['missing']}, extra {t['extra']}; {t['boxes_changed']} boxes not reproduced to the bit), "
+                f"{t['speed_vs_f32']}x f32 (batch {batch}); " + ("holds" if t["holds"] else "fails")
+                + f" at {MARGIN:g} of (1 - min_agreement): <= {t['budget']} lines"
+                + (f"; e.g. {', '.join(t['examples'][:3])}" if t["examples"] else ""))
+    return (f"k={t['k']}: {t['changed']} of {t['of']} tuning {'boxes' if post is not None else 'lines'} changed"
+            + (f", {t['flipped_pixels']:.2e} of map pixels flipped" if post is not None else "")
+            + f", {t['speed_vs_f32']}x f32 (batch {batch})"
+            + ("" if judge is None else f"; gate at {MARGIN:g} of its budget: "
+               + ("holds" if t["holds"] else f"fails ({t['why']})")
+               + ("" if t["lost"] is None else f", correct lost {t['lost']}/{t['lost_of']}")
+               + ("" if t["drop"] is None else f", drop {t['drop']:+.4f}")))
+
+
 def main() -> int:
     from pipeline.core.config import load_config
     from pipeline.engines import ov as ovx
@@ -139,22 +184,38 @@ def main() -> int:
     p.add_argument("--rank-samples", type=int, default=None, help="of those, the first N rank the segments "
                    "(default: a recogniser 128 lines, a detector 4 pages)")
     p.add_argument("--out", default=None, help="write the ranking and trials as JSON here")
+    p.add_argument("--judge", choices=("box", "text"), default="box", help="detectors: box (DB boxes and the gate "
+                   "on train/calib.npz) or text (lines read through the system on rendered tuning pages, "
+                   "pipeline/data/edge_pages.py; default 32 pages)")
+    p.add_argument("--seed", type=int, default=None, help="--judge text: the tuning pages' seed (default: the "
+                   "generator's own, pipeline/data/edge_pages.DEFAULT_SEED)")
+    p.add_argument("--system", default="configs/ppocr_v4_system.yaml", help="--judge text: the system config "
+                   "whose flow and recogniser read the lines (default %(default)s)")
     args = p.parse_args()
     run = Path(args.run)
     info = json.loads((run / "train" / "info.json").read_text())
     post = info["postprocess"] if info["task"] == "detection" else None
+    if args.judge == "text" and post is None:
+        raise SystemExit("bf16_keep_layers: --judge text judges a detector; a recogniser's judge is its lines already")
     batch = 1 if post is not None else 8
-    min_speedup = load_config([run / "config.resolved.yaml"]).server.recommend.min_speedup
-    with np.load(run / "train" / "calib.npz") as z:
-        x = z["inputs"][:args.samples or (16 if post is not None else 512)]
+    rec_cfg = load_config([run / "config.resolved.yaml"]).server.recommend
+    min_speedup = rec_cfg.min_speedup
+    text_judge = judge = None
+    if args.judge == "text":
+        x, text_judge = _text_judge(args, rec_cfg.min_agreement)
+    else:
+        with np.load(run / "train" / "calib.npz") as z:
+            x = z["inputs"][:args.samples or (16 if post is not None else 512)]
+        judge = _judge(run, x, batch)
     n_rank = min(args.rank_samples or (4 if post is not None else 128), len(x))
-    judge = _judge(run, x, batch)
     with tempfile.TemporaryDirectory() as tmp:
         onnx = run / "server" / "onnx" / "model.onnx"
         if not onnx.is_file():
             onnx = export_onnx(run / "export" / "inference", Path(tmp) / "model.onnx")
         base = ovx.save_f32_ir(onnx, Path(tmp) / "base.xml")
-        ref = ovx.run_ir(base, x, "f32", batch=batch)
+        ref = ovx.run_ir(base, x if text_judge is None else x[:n_rank], "f32", batch=batch)
+        if text_judge is not None:
+            text_judge.start(base)
         t0 = time.perf_counter()
         ranked = ovx.bf16_sensitivity(base, x[:n_rank], ref[:n_rank], tmp, batch=batch,
                                       error=ovx.map_error if post is not None else ovx.top_class_error)
@@ -163,17 +224,11 @@ def main() -> int:
             print(f"  {s['error']:.3g}  {s['layer']} ({s['type']}, {len(s['names'])} layers)")
         trials, k = [], 0
         while k <= len(ranked):
-            t = _trial(ovx, base, tmp, ranked, k, x, ref, post, batch, judge)
+            t = _trial(ovx, base, tmp, ranked, k, x, ref, post, batch, judge, text_judge)
             trials.append(t)
-            print(f"k={k}: {t['changed']} of {t['of']} tuning {'boxes' if post is not None else 'lines'} changed"
-                  + (f", {t['flipped_pixels']:.2e} of map pixels flipped" if post is not None else "")
-                  + f", {t['speed_vs_f32']}x f32 (batch {batch})"
-                  + ("" if judge is None else f"; gate at {MARGIN:g} of its budget: "
-                     + ("holds" if t["holds"] else f"fails ({t['why']})")
-                     + ("" if t["lost"] is None else f", correct lost {t['lost']}/{t['lost_of']}")
-                     + ("" if t["drop"] is None else f", drop {t['drop']:+.4f}")), flush=True)
-            if t["changed"] == 0 or k == len(ranked):
-                break
+            print(_report(t, post, batch, judge, text_judge is not None), flush=True)
+            if t["changed"] == 0 or k == len(ranked) or (t.get("holds") and t["speed_vs_f32"] >= min_speedup):
+                break       # a larger k cannot be advised: the smallest k that holds fast enough is
             k = 1 if k == 0 else min(2 * k, len(ranked))
     pick = advise(trials, min_speedup)
     rule = (f"the smallest k holding the gate at {MARGIN:g} of its budget" if pick.get("holds")
