@@ -95,7 +95,8 @@ def _keep_list(path: str) -> list[str]:
     try:
         return list(yaml.safe_load(Path(path).read_text())["server"]["bf16"]["openvino_keep_fp32"])
     except (OSError, KeyError, TypeError) as e:
-        raise SystemExit(f"det_text_judge: {path} has no server.bf16.openvino_keep_fp32 ({e}); give a det config")
+        raise SystemExit(f"det_text_judge: {path} has no server.bf16.openvino_keep_fp32 ({e}); "
+                         "give a det config") from None
 
 
 def _known(name: str, texts: list[str]) -> bool:
@@ -128,7 +129,7 @@ def recheck(run: Path, lists: dict[str, list[str]], system_config: str) -> dict:
             got = [read_system_page(p, det, rec, spec, cls, r) for p, r in zip(paged, refs)]
             out[label] = _row(names, got, refs, crops_known) | {
                 "changed": sum(line_changes(r.lines, g.lines)["changed"] for r, g in zip(refs, got)),
-                "examples": [e for i, (r, g) in enumerate(zip(refs, got)) for e in changed_texts(names[i], r.lines, g.lines)],
+                "examples": [e for n, r, g in zip(names, refs, got) for e in changed_texts(n, r.lines, g.lines)],
                 "k": len(layers)}
     out["of_known"] = len(KNOWN)
     return out
@@ -159,7 +160,8 @@ def main() -> int:
     for item in args.list:
         label, sep, path = item.partition("=")
         if not sep or not label:
-            raise SystemExit(f"det_text_judge: --list {item!r}: expected LABEL=YAML (e.g. new=configs/ppocr_v4_det.yaml)")
+            raise SystemExit(f"det_text_judge: --list {item!r}: expected LABEL=YAML "
+                             "(e.g. new=configs/ppocr_v4_det.yaml)")
         lists[label] = _keep_list(path)
     res = recheck(Path(args.run), lists, args.system)
     print(f"real images, lines read through the same fp32 cls + rec; known texts of {res['of_known']}")
