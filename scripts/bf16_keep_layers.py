@@ -19,17 +19,19 @@ bf16 (avx512_bf16/AMX). The base IR is fused before it is marked (ov.save_f32_ir
 marks hold on every convolution; a MatMul+Add the CPU plugin turns into FullyConnected stays bf16 whatever is marked.
 
   .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_rec [--samples 512] [--rank-samples 128]
-  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_det      (16 tuning pages; ranked on 4)
+  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_det --judge box  (16 calib.npz pages; ranked on 4)
 
---judge text (a detector; issue 48): the box judge above cannot see a crop edge that rewrites a character (`3F1` vs
-`3FI` on a real sign), so the detector is judged by the lines the system reads through its boxes instead: tuning
-pages rendered with text tight against its box edges (pipeline/data/edge_pages.py, its own seed: never a validation
-set, never the real images), read by the f32 detector and by each trial's, both through the system's flow with the
-SAME fp32 v4 direction classifier and recogniser (scripts/det_text_judge.py, OpenVINO f32); a trial's changed lines
-are lines whose text changes at a box matched at IoU >= 0.5, plus missing and extra lines (pipeline/ocr/line_judge.py).
-It holds when at most MARGIN of (1 - server.recommend.min_agreement) of the reference lines change; segments are
-ranked by DB-map error on the first --rank-samples of those pages; the rule is the same.
-  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_det --judge text --samples 16 --rank-samples 3
+--judge text (a detector's default since issue 48): the box judge above cannot see a crop edge that rewrites a
+character (`3F1` vs `3FI` on a real sign), so the detector is judged by the lines the system reads through its boxes
+instead: tuning pages rendered with text tight against its box edges (pipeline/data/edge_pages.py, its own seed:
+never a validation set, never the real images), read by the f32 detector and by each trial's, both through the
+system's flow with the SAME fp32 v4 direction classifier and recogniser (scripts/det_text_judge.py, OpenVINO f32); a
+trial's changed lines are lines whose text changes at a box matched at IoU >= 0.5, plus missing and extra lines
+(pipeline/ocr/line_judge.py). It holds when at most MARGIN of (1 - server.recommend.min_agreement) of the reference
+lines change; segments are ranked by DB-map error on the first --rank-samples of those pages; the rule is the same.
+  .venv/bin/python scripts/bf16_keep_layers.py --run runs/ppocr_v4_det --samples 16 --rank-samples 3 --rounds 15
+      (what chose configs/ppocr_v4_det.yaml's list: docs/low_precision.md#pp-ocrv4-detector-rows; another detector's
+      recogniser and flow: --system, e.g. configs/ppocr_v5_system.yaml)
 """
 from __future__ import annotations
 
@@ -194,9 +196,9 @@ def main() -> int:
     p.add_argument("--rank-samples", type=int, default=None, help="of those, the first N rank the segments "
                    "(default: a recogniser 128 lines, a detector 4 pages)")
     p.add_argument("--out", default=None, help="write the ranking and trials as JSON here")
-    p.add_argument("--judge", choices=("box", "text"), default="box", help="detectors: box (DB boxes and the gate "
-                   "on train/calib.npz) or text (lines read through the system on rendered tuning pages, "
-                   "pipeline/data/edge_pages.py; default 32 pages)")
+    p.add_argument("--judge", choices=("box", "text"), default=None, help="detectors: text (the default: lines read "
+                   "through the system on rendered tuning pages, pipeline/data/edge_pages.py; 32 pages unless "
+                   "--samples) or box (DB boxes and the gate on train/calib.npz, the judge before issue 48)")
     p.add_argument("--seed", type=int, default=None, help="--judge text: the tuning pages' seed (default: the "
                    "generator's own, pipeline/data/edge_pages.DEFAULT_SEED)")
     p.add_argument("--system", default="configs/ppocr_v4_system.yaml", help="--judge text: the system config "
@@ -205,8 +207,12 @@ def main() -> int:
                    "host: the speed decides which trials may be advised)")
     args = p.parse_args()
     run = Path(args.run)
+    if not (run / "train" / "info.json").is_file():
+        raise SystemExit(f"bf16_keep_layers: {run} is not a run folder (no train/info.json): give --run runs/<name> "
+                         "after `python -m pipeline run train export -c <config>`")
     info = json.loads((run / "train" / "info.json").read_text())
     post = info["postprocess"] if info["task"] == "detection" else None
+    args.judge = args.judge or ("text" if post is not None else "box")
     if args.judge == "text" and post is None:
         raise SystemExit("bf16_keep_layers: --judge text judges a detector; a recogniser's judge is its lines already")
     batch = 1 if post is not None else 8
