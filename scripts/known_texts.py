@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 
 
-def _onnx_of(model_cfg: dict, work: Path, role: str) -> Path:
+def onnx_of(model_cfg: dict, work: Path, role: str) -> Path:
     """The ONNX file ONNX Runtime runs for a det/rec config's model section."""
     from pipeline.engines.onnx_export import export_onnx
 
@@ -58,7 +58,7 @@ def main() -> int:
     keys = Path(rec_cfg.data.charset) if rec_cfg.data.charset else fetch()["keys"]
     spec = ppocr_system.spec_from_configs(det_cfg, sys_cfg, keys)
     cache = ROOT / ".cache" / "known_texts"       # conversions kept between calls (per run.name)
-    files = {r: _onnx_of(c.section("model")["model"], cache / c.run.name, r) for r, c in (("det", det_cfg),
+    files = {r: onnx_of(c.section("model")["model"], cache / c.run.name, r) for r, c in (("det", det_cfg),
                                                                                      ("rec", rec_cfg))}
     files["cls"] = ppocr_system.model_file(fetch(), "cls", "onnxruntime", ROOT / ".cache" / "ppocr" / "onnx")
     det, rec, cls = (registry.make("onnxruntime", files[r], "fp32", threads=1) for r in ("det", "rec", "cls"))
