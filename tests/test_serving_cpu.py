@@ -15,6 +15,13 @@ from pipeline.core import capabilities as caps
 CPUINFO = Path(__file__).resolve().parent / "cpuinfo"
 
 
+@pytest.fixture(autouse=True)
+def _no_isa_cap_from_the_host(monkeypatch):
+    """The CPU here is simulated (cpuinfo files, profiles): a cap set for the whole suite (ONEDNN_MAX_CPU_ISA=AVX2)
+    is not part of it. Tests that cap set it themselves."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+
 def _flags(name: str, profile: str = "", monkeypatch=None) -> frozenset:
     """What capabilities reports for a synthetic cpuinfo file (under an optional simulated profile)."""
     monkeypatch.setattr(caps, "CPUINFO", str(CPUINFO / name))
@@ -22,10 +29,12 @@ def _flags(name: str, profile: str = "", monkeypatch=None) -> frozenset:
     return caps.cpu_flags()
 
 
-def _bundle(tmp_path: Path, built: frozenset, chosen=("openvino", "bf16"), interleaved: bool = True) -> tuple:
-    """A model bundle folder whose server stage (on a CPU with `built` flags) chose `chosen`; p50s in ms."""
+def _bundle(tmp_path: Path, built: frozenset, chosen=("openvino", "bf16"), interleaved: bool = True,
+            extra: dict | None = None, cap: str | None = None) -> tuple:
+    """A model bundle folder whose server stage (on a CPU with `built` flags, under ONEDNN_MAX_CPU_ISA=cap) chose
+    `chosen`; p50s in ms; extra: more rows {(engine, precision): ms}."""
     rows = {("openvino", "bf16"): 2.0, ("onnxruntime", "int8"): 3.0, ("openvino", "fp32"): 4.0,
-            ("onnxruntime", "fp32"): 5.0}
+            ("onnxruntime", "fp32"): 5.0, **(extra or {})}
     base = min((r for r in rows if r[1] == "fp32"), key=rows.get)
     cands = [{"row": f"{k} {p}", "engine": k, "precision": p, "latency_ms": ms,
               "speedup_vs_fp32": round(rows[base] / ms, 3), "verdict": "chosen" if (k, p) == chosen else "slower"}
@@ -42,8 +51,9 @@ def _bundle(tmp_path: Path, built: frozenset, chosen=("openvino", "bf16"), inter
         (tmp_path / "server" / "onnx" / f).write_bytes(b"")
     (tmp_path / "server" / "openvino").mkdir()
     (tmp_path / "server" / "openvino" / "model_bf16.xml").write_bytes(b"")     # the bf16 row's own IR
+    (tmp_path / "server" / "openvino" / "model_int8.xml").write_bytes(b"")
     hw = {"cpu": "build CPU", "capabilities": {"bf16": sorted(built & caps.BF16_FLAGS),
-                                               "vnni": sorted(built & caps.VNNI_FLAGS)}}
+                                               "vnni": sorted(built & caps.VNNI_FLAGS), "onednn_isa_cap": cap}}
     (tmp_path / "manifest.json").write_text(json.dumps({"hardware": hw}))
     return tmp_path, {"serving": serving}
 
@@ -81,6 +91,20 @@ def test_no_bf16_here_reranks_among_the_rows_that_passed(tmp_path, monkeypatch):
     assert got["cpu"].startswith("the bundle recommends openvino bf16, but this CPU lacks avx512_bf16/amx_bf16 (bf16 cannot run): "
                                  "serving onnxruntime int8 (next fastest that passed, 1.33x fp32")
     assert got["settings"] == {"batch1": {"threads": 1}, "batchN": {"threads": 1}}
+
+
+def test_built_and_served_under_the_same_isa_cap_serves_the_recommendation(tmp_path, monkeypatch):
+    """A bundle built under ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI CPU gated its OpenVINO int8 row on AVX2 kernels: served
+    under the same cap it runs those kernels (served as recommended); without the cap OpenVINO would run VNNI
+    kernels the gate never saw (re-ranked). ONNX Runtime's kernels ignore the cap."""
+    here = _flags("amd_avx512_bf16_vnni", "", monkeypatch)
+    folder, cfg = _bundle(tmp_path, here, chosen=("openvino", "int8"), extra={("openvino", "int8"): 1.5}, cap="AVX2")
+    monkeypatch.setenv(caps.ISA_ENV, "AVX2")
+    got = sc.runnable_choice(folder, cfg, here)
+    assert (got["engine"], got["precision"], got["cpu"]) == ("openvino", "int8", None)
+    monkeypatch.delenv(caps.ISA_ENV)
+    got = sc.runnable_choice(folder, cfg, here)
+    assert (got["engine"], got["precision"]) != ("openvino", "int8") and "vnni" in got["cpu"], got
 
 
 def test_other_kernels_for_every_low_precision_fall_back_to_fp32(tmp_path, monkeypatch):

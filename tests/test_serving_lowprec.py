@@ -261,6 +261,7 @@ def test_openvino_bf16_serves_the_ir_its_row_was_gated_on(tmp_path, monkeypatch)
     (tmp_path / layout.ONNX_MODEL).write_bytes(b"onnx")             # the file such a bundle did serve: not any more
     from pipeline.core import capabilities
     monkeypatch.setattr(capabilities, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))   # any host
+    monkeypatch.delenv(capabilities.ISA_ENV, raising=False)                                      # and no cap
     with pytest.raises(MissingArtifact) as err:
         load_engine(tmp_path, {"serving": {"engine": "openvino", "precision": "bf16"}}, override="openvino",
                     precision="bf16")

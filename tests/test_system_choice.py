@@ -11,6 +11,13 @@ from pipeline.core.gates import FAIL, OK, Check, Gate
 from tests.test_serving_cpu import _bundle, _flags
 
 
+@pytest.fixture(autouse=True)
+def _no_isa_cap_from_the_host(monkeypatch):
+    """The CPU here is simulated (cpuinfo files, profiles): a cap set for the whole suite (ONEDNN_MAX_CPU_ISA=AVX2)
+    is not part of it. Tests that cap set it themselves."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+
 def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fastest_low_precision(tmp_path,
                                                                                                  monkeypatch):
     amx = _flags("intel_amx", "", monkeypatch)

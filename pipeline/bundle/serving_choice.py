@@ -61,17 +61,28 @@ def precision_settings(kind: str, precision: str, tuned: dict | None, keep_fp32_
 PASSED = ("chosen", "slower")      # verdicts of rows that passed every check and min_speedup (pipeline/bundle/recommend.py)
 
 
-def built_flags(folder: Path) -> frozenset | None:
-    """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
-    pipeline/core/capabilities.describe); None for bundles without that record."""
+def _built_record(folder: Path) -> dict | None:
     from pipeline.bundle.format import read_manifest
     from pipeline.core.errors import IntegrityError
 
     try:
         caps = read_manifest(folder)["hardware"]["capabilities"]
-        return frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
+        return caps if isinstance(caps, dict) else None
     except (IntegrityError, KeyError, TypeError, AttributeError):
         return None
+
+
+def built_flags(folder: Path, engine: str | None = None) -> frozenset | None:
+    """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
+    pipeline/core/capabilities.describe); None for bundles without that record. With an engine: the flags its
+    kernels could use there, under the ONEDNN_MAX_CPU_ISA cap the build ran with (a bundle built and served under
+    the same cap runs the same kernels)."""
+    caps = _built_record(folder)
+    if caps is None:
+        return None
+    flags = frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
+    cap = caps.get("onednn_isa_cap")
+    return engine_flags(engine, flags, cap=str(cap)) if engine and isinstance(cap, str) and cap else flags
 
 
 def kernel_refusal(precision: str, built: frozenset | None, here: frozenset) -> str | None:
@@ -103,7 +114,8 @@ def _rerank(folder: Path, rec: dict, built: frozenset | None, here: frozenset) -
     if not _interleaved(rec):
         return None
     ok = [c for c in rec.get("candidates") or [] if c.get("verdict") in PASSED
-          and kernel_refusal(c["precision"], built, engine_flags(c["engine"], here)) is None
+          and kernel_refusal(c["precision"], built_flags(folder, c["engine"]) if built is not None else None,
+                             engine_flags(c["engine"], here)) is None
           and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"], folder))]
     if rec.get("by") == "throughput":
         ok = [c for c in ok if c.get("throughput_sps")]
@@ -124,7 +136,7 @@ def runnable_choice(folder: Path, infer_cfg: dict, here: frozenset | None = None
     why = rec.get("why") or (f"no recommendation recorded: the reference engine, {kind} fp32" if not rec
                              else "recommended")
     built = built_flags(folder)
-    refused = kernel_refusal(prec, built, engine_flags(kind, here))     # ONEDNN_MAX_CPU_ISA caps oneDNN engines
+    refused = kernel_refusal(prec, built_flags(folder, kind), engine_flags(kind, here))   # the cap: oneDNN engines
     if refused is not None and engine_flags(kind, here) != here:
         refused += f" ({ISA_ENV} caps {kind}'s oneDNN kernels)"
     if refused is None:

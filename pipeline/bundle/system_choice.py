@@ -61,7 +61,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     is timed again here; over budget: judged by the system gates instead of the part's budget, unless it rewrites
     more of its own lines than the system may lose: rewrites_too_much), each engine's
     fastest first, whose kernels this CPU runs and whose model is bundled."""
-    from pipeline.core.capabilities import cpu_flags
+    from pipeline.core.capabilities import cpu_flags, engine_flags
     from pipeline.bundle import reference
     from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
 
@@ -69,7 +69,8 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     built = built_flags(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
             if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c) is None
-            and kernel_refusal(c["precision"], built, here) is None
+            and kernel_refusal(c["precision"], built_flags(sub, c["engine"]) if built is not None else None,
+                               engine_flags(c["engine"], here)) is None        # ONEDNN_MAX_CPU_ISA: as serve
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
     firsts = list({c["engine"]: c for c in reversed(low)}.values())     # each engine's fastest

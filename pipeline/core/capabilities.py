@@ -143,11 +143,12 @@ _CAPPED = {f for allowed in _ISA_ALLOWS.values() for f in allowed} | BF16_FLAGS 
 ONEDNN_ENGINES = ("paddle-inference", "openvino")      # their CPU kernels come from oneDNN (ORT's from MLAS)
 
 
-def engine_flags(engine: str, flags: frozenset | None = None) -> frozenset:
+def engine_flags(engine: str, flags: frozenset | None = None, cap: str | None = None) -> frozenset:
     """The CPU flags `engine`'s kernels may use here: ONEDNN_MAX_CPU_ISA caps Paddle Inference's and OpenVINO's
-    (oneDNN), not ONNX Runtime's. An unknown cap name is taken as no cap (oneDNN ignores it too)."""
+    (oneDNN), not ONNX Runtime's. An unknown cap name is taken as no cap (oneDNN ignores it too). cap: another
+    host's recorded cap (a bundle's build) instead of this process's."""
     flags = frozenset(cpu_flags() if flags is None else flags)
-    allowed = _ISA_ALLOWS.get(_isa_cap())
+    allowed = _ISA_ALLOWS.get(_isa_cap() if cap is None else cap.strip().upper())
     if engine not in ONEDNN_ENGINES or allowed is None:
         return flags
     return frozenset(f for f in flags if f not in _CAPPED or f in allowed)
@@ -202,7 +203,8 @@ def describe() -> dict:
     """For manifests: what the product believed about the host, and whether that was simulated."""
     flags = cpu_flags()
     return {"arch": host_arch(), "bf16": sorted(flags & BF16_FLAGS), "vnni": sorted(flags & VNNI_FLAGS),
-            "avx512": any(f.startswith("avx512") for f in flags), "profile": profile() or None}
+            "avx512": any(f.startswith("avx512") for f in flags), "profile": profile() or None,
+            "onednn_isa_cap": _isa_cap() or None}     # the rows' oneDNN kernels ran under it (serving re-applies it)
 
 
 def kernel_key() -> dict:
