@@ -62,6 +62,18 @@ def test_a_low_precision_row_near_chance_is_marked_whatever_its_verdict(tmp_path
     assert counts["failed"] == (verdict == "FAIL") + 1          # + export: no manifest in this fake run
 
 
+def test_a_stage_stopped_by_a_marked_failure_did_not_run_it_did_not_fail(tmp_path):
+    """mobilenet_v2 at 0.066: its int8 gate failed (MARKED, would be FAIL) and stopped the chain; the Lite stage after
+    it has no manifest. It never ran: NOT RUN, not a FAILED row of a model near chance."""
+    run = _fake_run(tmp_path, 0.066, "FAIL")
+    (run / "export").mkdir()
+    (run / "export" / "manifest.json").write_text(json.dumps({"gates": []}))
+    rows = {r.row: r for r in conformance._stage_rows("arch", run, "error: server: paddle-inference int8 failed")}
+    assert rows["server: paddle-inference int8"].would_be == "FAIL"
+    assert rows["lite"].verdict == "NOT RUN" and rows["lite"].note == "an input stage failed"
+    assert rules.verdict_counts(list(rows.values()))["failed"] == 0
+
+
 def test_standing_prints_fp32_beside_chance_and_margin(tmp_path):
     st = rules.standing(_fake_run(tmp_path, 0.5))
     assert (st.chance, st.budget) == (pytest.approx(1 / 36), 0.04) and not st.near_chance
