@@ -5,8 +5,10 @@ The server gate judges one validation slice (train.val_slice samples, seed+1). A
 be the instance's int8 damage or a slice that happened to hold a few more near-ties. This script renders a sample
 from another seed (neither the training lines nor the gate's slice; never used to choose anything), runs the run's
 own fp32 export and its int8 models (Paddle Inference PTQ, ONNX Runtime, OpenVINO: the very files the server stage
-gated) and judges each with the run's server.gates.int8, labels included. It prints the correct lines lost with a
-95 % Wilson interval: an interval wholly above the limit is damage, one that holds the limit is a draw.
+gated) and judges each with the run's server.gates.int8, labels included, on the gate slice again (it must reproduce
+the rows) and on the fresh sample. It prints the correct lines lost with a 95 % Wilson interval, the metric drop with
+a paired bootstrap interval, and strict agreement: an interval wholly past the limit is damage, one that holds the
+limit is a draw. Results of the zoo: docs/conformance.md "The int8 failures".
 
   .venv/bin/python scripts/heldout_rows.py --run runs/conformance/svtr_lcnet --seed 2042 --n 2048
 """
