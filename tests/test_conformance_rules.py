@@ -62,6 +62,18 @@ def test_a_low_precision_row_near_chance_is_marked_whatever_its_verdict(tmp_path
     assert counts["failed"] == (verdict == "FAIL") + 1          # + export: no manifest in this fake run
 
 
+def test_a_stage_stopped_by_a_marked_failure_did_not_run_it_did_not_fail(tmp_path):
+    """mobilenet_v2 at 0.066: its int8 gate failed (MARKED, would be FAIL) and stopped the chain; the Lite stage after
+    it has no manifest. It never ran: NOT RUN, not a FAILED row of a model near chance."""
+    run = _fake_run(tmp_path, 0.066, "FAIL")
+    (run / "export").mkdir()
+    (run / "export" / "manifest.json").write_text(json.dumps({"gates": []}))
+    rows = {r.row: r for r in conformance._stage_rows("arch", run, "error: server: paddle-inference int8 failed")}
+    assert rows["server: paddle-inference int8"].would_be == "FAIL"
+    assert rows["lite"].verdict == "NOT RUN" and rows["lite"].note == "an input stage failed"
+    assert rules.verdict_counts(list(rows.values()))["failed"] == 0
+
+
 def test_standing_prints_fp32_beside_chance_and_margin(tmp_path):
     st = rules.standing(_fake_run(tmp_path, 0.5))
     assert (st.chance, st.budget) == (pytest.approx(1 / 36), 0.04) and not st.near_chance
@@ -92,6 +104,33 @@ def test_few_samples_cannot_resolve_a_metric_delta(tmp_path):
     assert "one of 16 samples" in rules.resolution(http, 512, cfg)
     http["checks"][1]["detail"] = "metric_delta 0.04 < one sample of 16 (0.0625): one sample allowed"
     assert "one of 16 samples" in rules.resolution({**http, "extra": {}}, 512, cfg)
+
+
+@pytest.mark.parametrize("lost, of, draw", [(19, 336, True), (16, 336, True), (23, 336, True), (0, 336, False),
+                                             (2, 470, False), (40, 336, False), (55, 1358, True), (30, 1358, False)])
+def test_lost_lines_whose_interval_holds_the_limit_are_a_draw(lost, of, draw):
+    """svtr_lcnet's int8 rows: 19 and 23 of 336 lost fail 0.05, but their 95 % intervals (0.036-0.087, 0.046-0.101)
+    hold it; on 1358 fresh correctly read lines the same models lose 4.1 % and 4.9 %, still a draw (0.031-0.052).
+    Such a row says it could not resolve its limit; 0 of 336, 40 of 336 (0.088-0.158) or 30 of 1358 are clear."""
+    gate = _gate("onnxruntime int8", "int8", "OK" if lost / of <= 0.05 else "FAIL", 0.66, "seq_accuracy", of)
+    gate["checks"][-1].update(observed=lost / of, detail=f"{lost} of {of} correctly read samples turn wrong")
+    why = rules.resolution(gate, 512, {"server": {"gates": GATES}})
+    assert ("95 % interval" in why and "holds the limit" in why) == draw, why
+    if draw:
+        lo, hi = rules.wilson(lost, of)
+        assert lo < 0.05 < hi and f"{lo:.3f}-{hi:.3f}" in why
+
+
+@pytest.mark.parametrize("agreement, draw", [(0.828125, True), (0.832031, True), (0.912, False), (0.80, False)])
+def test_an_agreement_whose_interval_holds_the_limit_is_a_draw(agreement, draw):
+    """vit's int8 rows on 512 samples: strict argmax agreement 0.828 and 0.832 fail 0.85 (interval 0.793-0.858 holds
+    it); on 2048 fresh samples the same models agree 0.862 and 0.855. 0.912 and 0.80 are clear of 0.85."""
+    gate = _gate("openvino int8", "int8", "OK" if agreement >= 0.85 else "FAIL", 0.55, "accuracy")
+    gate["checks"].append({"name": "argmax_agreement", "observed": agreement, "limit": 0.85, "op": ">=",
+                           "passed": agreement >= 0.85, "key": "server.gates.int8.min_agreement", "detail": ""})
+    cfg = {"server": {"gates": {**GATES, "int8": {**GATES["int8"], "min_agreement": 0.85}}}}
+    why = rules.resolution(gate, 512, cfg)
+    assert ("argmax_agreement" in why and "holds the limit" in why) == draw, why
 
 
 def _counts(ok=0, marked=0, failed=0, not_run=0, skipped=0):

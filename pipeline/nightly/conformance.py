@@ -86,7 +86,8 @@ def _stage_rows(arch: str, run_dir: Path, log_tail: str) -> list[Row]:
         if man is None:
             # no manifest: the stage raised before its gates (FAIL, log as evidence) or was not run
             # because an input stage failed
-            upstream_failed = any(r.verdict in ("FAIL", "NOT RUN") for r in rows)
+            # (a MARKED row whose gate failed stopped the chain too: the stage after it did not fail, it never ran)
+            upstream_failed = any(r.verdict in ("FAIL", "NOT RUN") or r.would_be == "FAIL" for r in rows)
             rows.append(Row(arch, stage, "NOT RUN" if upstream_failed else "FAIL",
                             note="an input stage failed" if upstream_failed else f"{log_tail} (log: {arch}/run.log)"))
             continue
