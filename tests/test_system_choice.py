@@ -443,3 +443,35 @@ def test_few_pages_are_all_timed():
     pages = [np.full((100, 100, 3), i, np.uint8) for i in range(3)]
     rounds, warm = ch.timing_pages(pages)
     assert {int(p[0, 0, 0]) for r in rounds for p in r} == {0, 1, 2} and len(warm) == 2
+
+
+def _part_rows(times: dict, chain: float) -> list[dict]:
+    """rows of one part in candidate order: (engine, precision) -> per-round seconds; every row read the chain in
+    `chain` seconds."""
+    return [{"engine": k, "precision": p, "passed": True, "lines_kept": 1.0, "part_rounds": list(r),
+             "part_s": sum(r), "chain_s": chain} for (k, p), r in times.items()]
+
+
+def test_a_part_too_small_to_matter_keeps_its_row_whatever_the_noise():
+    """Issue 46, measured: the v4 classifier is 0.3-0.6 s of a ~14 s chain over 24 pages. Run A served OpenVINO bf16
+    (1.21x the fastest fp32, p10 1.06), run B ONNX Runtime fp32 (the fastest fp32 had swapped too). A row must save
+    MATERIAL_CHAIN_SHARE of the chain's time, and rows the chain cannot tell apart keep candidate order (the part's
+    recommendation first): both runs now serve the same row."""
+    chain = 14.0
+    served = []
+    for ort, ov in ((0.45, 0.42), (0.42, 0.45)):          # the two fp32 engines swap places between runs
+        rows = _part_rows({("paddle-inference", "fp32"): [0.25] * 6, ("onnxruntime", "fp32"): [ort / 6] * 6,
+                           ("openvino", "fp32"): [ov / 6] * 6, ("openvino", "bf16"): [0.31 / 6] * 6}, chain)
+        chosen, out = ch.choose_part("classifier", rows, min_speedup=1.1)
+        served.append((chosen["engine"], chosen["precision"]))
+        assert next(r for r in out if r["precision"] == "bf16")["verdict"] != "chosen"
+    assert served == [("onnxruntime", "fp32")] * 2
+
+
+def test_a_material_low_precision_part_is_still_served():
+    """The detector's bf16 saves 3 s of a 14 s chain: material, clearly beyond the spread: served."""
+    rows = _part_rows({("paddle-inference", "fp32"): [1.5] * 6, ("openvino", "fp32"): [1.2] * 6,
+                       ("openvino", "bf16"): [0.7] * 6}, 14.0)
+    chosen, _ = ch.choose_part("detection", rows, min_speedup=1.1)
+    assert (chosen["engine"], chosen["precision"]) == ("openvino", "bf16")
+    assert chosen["fastest_fp32"] == "openvino fp32"

@@ -188,27 +188,52 @@ def _ratios(base: dict, row: dict) -> list[float]:
     return [base["part_s"] / row["part_s"]]
 
 
+# A part's choice moves only for a saving of at least this share of the whole chain's time on the timing pages: the
+# v4 classifier's part is under 4 % of the chain, and its bf16 row (0.11 s of 14 s over 24 pages) was served in one
+# run and not the next on the spread of its own tiny time. A user reads pages/s, not one part's ratio.
+MATERIAL_CHAIN_SHARE = 0.02
+
+
+def _material(base: dict, row: dict, chain: float) -> bool:
+    """row saves a material share of the chain's time over base (always, when the chain was not timed)."""
+    return chain <= 0 or base["part_s"] - row["part_s"] >= MATERIAL_CHAIN_SHARE * chain
+
+
+def _first_of_the_best(cands: list[dict], rows: list[dict], chain: float) -> dict | None:
+    """Among rows whose time is within a material share of the fastest, the first in candidate order (the part
+    bundle's recommendation comes first, pipeline/bundle/system_choice.part_candidates): rows the chain cannot tell
+    apart never swap places between runs."""
+    if not cands:
+        return None
+    fastest = min(r["part_s"] for r in cands)
+    close = [r for r in cands if chain <= 0 or r["part_s"] - fastest < MATERIAL_CHAIN_SHARE * chain]
+    return min(close, key=lambda r: next(i for i, x in enumerate(rows) if x is r))
+
+
 def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_REF,
                 min_speedup: float = 1.0) -> tuple[dict, list[dict]]:
     """rows: {"engine", "precision", "passed", "detail", "lines_kept", "part_s", "part_rounds", "chain_s"} of one
     part, one of them the fp32 chain's row (ref_pair: the part's reference). The A/B rule (pipeline/core/ab_rule.py)
     on per-round ratios: the fastest fp32 is the reference unless another fp32 row is clearly faster (median > 1,
     p10 > 1); a low-precision row is served only when clearly beyond that fastest fp32 (median > min_speedup,
-    p10 > 1), the one with the highest median then; else the fastest fp32 serves. Rows inside the spread never
-    move the choice, so two runs on one machine serve the same rows.
+    p10 > 1); else the fastest fp32 serves. A row must also save MATERIAL_CHAIN_SHARE of the chain's time, and rows
+    within that share of the fastest are taken in candidate order: rows inside the spread, or saving too little of
+    the chain to be measured, never move the choice, so two runs on one machine serve the same rows.
     -> (chosen row with its speed ratios and spread, every row with a verdict: chosen | slower | not faster |
     failed gate)."""
     ref = next(r for r in rows if (r["engine"], r["precision"]) == tuple(ref_pair))
     ok = [r for r in rows if r["passed"] and r.get("part_s")]
     if not ref.get("part_s"):
         return _untimed(ref, rows, ref_pair, min_speedup)
+    chain = ref.get("chain_s") or 0.0
     vs_ref = {id(r): spread(_ratios(ref, r)) for r in ok if r["precision"] == "fp32" and r is not ref}
-    faster = [r for r in ok if id(r) in vs_ref and clearly_beyond(vs_ref[id(r)].median, vs_ref[id(r)].p10, 1.0)]
-    fp32 = max(faster, key=lambda r: vs_ref[id(r)].median) if faster else ref
+    faster = [r for r in ok if id(r) in vs_ref and clearly_beyond(vs_ref[id(r)].median, vs_ref[id(r)].p10, 1.0)
+              and _material(ref, r, chain)]
+    fp32 = _first_of_the_best(faster, rows, chain) or ref
     vs_fp32 = {id(r): spread(_ratios(fp32, r)) for r in ok}
-    low = [r for r in ok if r["precision"] != "fp32"
+    low = [r for r in ok if r["precision"] != "fp32" and _material(fp32, r, chain)
            and clearly_beyond(vs_fp32[id(r)].median, vs_fp32[id(r)].p10, min_speedup)]
-    best = max(low, key=lambda r: vs_fp32[id(r)].median) if low else fp32
+    best = _first_of_the_best(low, rows, chain) or fp32
     out, ok_ids = [], {id(r) for r in ok}
     for r in rows:
         v = "chosen" if r is best else (r.get("verdict") or ("not timed" if r["passed"] else "failed gate"))
