@@ -14,7 +14,7 @@ from pipeline.core import code_closure
 from pipeline.core.artifacts import load_manifest
 from pipeline.core.gates import OK
 
-UP_TO_DATE, STALE, NOT_RUN, FAILED, WAITS = "up to date", "re-runs", "not run", "failed", "re-runs after"
+UP_TO_DATE, STALE, NOT_RUN, FAILED, WAITS = "up to date", "re-runs", "not run", "failed", "after its inputs"
 
 
 @dataclass
@@ -87,7 +87,8 @@ def stage_state(runner, stage, run: str, stale: set[str]) -> StageState:
         return StageState(run, stage.name, FAILED, "its output did not pass its gates")
     waits = [d for d in stage.inputs if d in stale]
     if waits:
-        return StageState(run, stage.name, WAITS, ", ".join(waits) + " (new outputs, new input hashes)")
+        return StageState(run, stage.name, WAITS, ", ".join(waits) + " run first; this stage re-runs when their "
+                          "new outputs differ (byte-identical outputs keep it)")
     inputs = {d: load_manifest(runner.run_dir / d) or {} for d in stage.inputs}
     external = stage.external_inputs(runner.cfg) if stage.external_inputs else {}
     inputs.update({d: load_manifest(Path(f)) or {} for d, f in external.items()})
@@ -108,7 +109,7 @@ def run_states(cfg, names: list[str], run: str, waits_for: str = "") -> list[Sta
     for stage in runner.resolve(names):
         st = stage_state(runner, stage, run, stale)
         if waits_for and st.state == UP_TO_DATE:
-            st = StageState(run, stage.name, WAITS, f"{waits_for} (a new part bundle)")
+            st = StageState(run, stage.name, WAITS, f"{waits_for} run first; re-runs when a part bundle changes")
         if st.state != UP_TO_DATE:
             stale.add(stage.name)
         out.append(st)
