@@ -90,8 +90,11 @@ class OpenVinoEngine(Engine):
                 pshape = model.input(0).get_partial_shape()
                 pshape[0] = static_batch
                 model.reshape({model.input(0): pshape})
+            # no CPU pinning: the plugin pins each process's threads from core 0, so two 1-thread workers (Ray
+            # batch, several `serve` processes) shared one core: 2 at once ran 80-90 ms per call vs 46 alone, 46-47
+            # unpinned (a 64-channel 3x3 conv, 1 thread, Zen 4); alone the two are equal
             cfg = {"INFERENCE_NUM_THREADS": int(threads), "PERFORMANCE_HINT": hint, "NUM_STREAMS": 1,
-                   "INFERENCE_PRECISION_HINT": _HINT[label]}
+                   "INFERENCE_PRECISION_HINT": _HINT[label], "ENABLE_CPU_PINNING": False}
             self._compiled = core.compile_model(model, "CPU", cfg)
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise PipelineError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from e
