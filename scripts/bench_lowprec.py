@@ -38,16 +38,18 @@ def model_bundle(path: Path, part: str) -> Path:
 def low_rows(folder: Path, cfg: dict, here: frozenset) -> list[tuple[str, str, str | None]]:
     """(engine, precision, why not run) of each low-precision row whose gate passed and whose model is bundled."""
     from pipeline.bundle import layout
-    from pipeline.bundle.serving_choice import built_flags, kernel_refusal
+    from pipeline.bundle.serving_choice import built_flags, built_record, kernel_refusal
+    from pipeline.core.capabilities import engine_flags
 
-    built, out = built_flags(folder), []
+    built, out = built_record(folder), []
     for c in (cfg.get("serving") or {}).get("candidates") or []:
         if c["precision"] == "fp32" or c.get("verdict") in ("failed gate", "skipped", "emulated", "no evidence",
                                                               "failed to load"):
             continue
         if not layout.model_exists(folder / layout.serving_model(c["engine"], c["precision"], folder)):
             continue
-        out.append((c["engine"], c["precision"], kernel_refusal(c["precision"], built, here)))
+        out.append((c["engine"], c["precision"], kernel_refusal(c["precision"], built_flags(built, c["engine"]),
+                                                                engine_flags(c["engine"], here))))  # as serve
     return out
 
 

@@ -61,7 +61,9 @@ def precision_settings(kind: str, precision: str, tuned: dict | None, keep_fp32_
 PASSED = ("chosen", "slower")      # verdicts of rows that passed every check and min_speedup (pipeline/bundle/recommend.py)
 
 
-def _built_record(folder: Path) -> dict | None:
+def built_record(folder: Path) -> dict | None:
+    """manifest.json hardware.capabilities of a model bundle (pipeline/core/capabilities.describe); None for bundles
+    without that record."""
     from pipeline.bundle.format import read_manifest
     from pipeline.core.errors import IntegrityError
 
@@ -72,17 +74,15 @@ def _built_record(folder: Path) -> dict | None:
         return None
 
 
-def built_flags(folder: Path, engine: str | None = None) -> frozenset | None:
-    """The bf16/VNNI/AMX flags of the CPU a model bundle was measured on (manifest.json hardware.capabilities,
-    pipeline/core/capabilities.describe); None for bundles without that record. With an engine: the flags its
-    kernels could use there, under the ONEDNN_MAX_CPU_ISA cap the build ran with (a bundle built and served under
-    the same cap runs the same kernels)."""
-    caps = _built_record(folder)
+def built_flags(caps: dict | None, engine: str | None = None) -> frozenset | None:
+    """The bf16/VNNI/AMX flags of the CPU a bundle was measured on (its built_record); None without a record. With an
+    engine: the flags its kernels could use there, under the ONEDNN_MAX_CPU_ISA cap the build ran with (a bundle
+    built and served under the same cap runs the same kernels)."""
     if caps is None:
         return None
     flags = frozenset(caps.get("bf16") or []) | frozenset(caps.get("vnni") or [])
     cap = caps.get("onednn_isa_cap")
-    return engine_flags(engine, flags, cap=str(cap)) if engine and isinstance(cap, str) and cap else flags
+    return engine_flags(engine, flags, cap=cap) if engine and isinstance(cap, str) and cap else flags
 
 
 def kernel_refusal(precision: str, built: frozenset | None, here: frozenset) -> str | None:
@@ -108,14 +108,13 @@ def _interleaved(rec: dict) -> bool:
         return False
 
 
-def _rerank(folder: Path, rec: dict, built: frozenset | None, here: frozenset) -> dict | None:
+def _rerank(folder: Path, rec: dict, built: dict | None, here: frozenset) -> dict | None:
     """The fastest row that passed and this CPU may run, by the record's own interleaved ranking (None: none,
     or the record's figures were not taken side by side)."""
     if not _interleaved(rec):
         return None
     ok = [c for c in rec.get("candidates") or [] if c.get("verdict") in PASSED
-          and kernel_refusal(c["precision"], built_flags(folder, c["engine"]) if built is not None else None,
-                             engine_flags(c["engine"], here)) is None
+          and kernel_refusal(c["precision"], built_flags(built, c["engine"]), engine_flags(c["engine"], here)) is None
           and bundle_layout.model_exists(Path(folder) / bundle_layout.serving_model(c["engine"], c["precision"], folder))]
     if rec.get("by") == "throughput":
         ok = [c for c in ok if c.get("throughput_sps")]
@@ -135,8 +134,8 @@ def runnable_choice(folder: Path, infer_cfg: dict, here: frozenset | None = None
     kind, prec, settings = serving_choice(infer_cfg)
     why = rec.get("why") or (f"no recommendation recorded: the reference engine, {kind} fp32" if not rec
                              else "recommended")
-    built = built_flags(folder)
-    refused = kernel_refusal(prec, built_flags(folder, kind), engine_flags(kind, here))   # the cap: oneDNN engines
+    built = built_record(folder)
+    refused = kernel_refusal(prec, built_flags(built, kind), engine_flags(kind, here))   # the cap: oneDNN engines
     if refused is not None and engine_flags(kind, here) != here:
         refused += f" ({ISA_ENV} caps {kind}'s oneDNN kernels)"
     if refused is None:

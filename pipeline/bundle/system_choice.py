@@ -63,13 +63,13 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags, engine_flags
     from pipeline.bundle import reference
-    from pipeline.bundle.serving_choice import PASSED, built_flags, kernel_refusal, runnable_choice
+    from pipeline.bundle.serving_choice import PASSED, built_flags, built_record, kernel_refusal, runnable_choice
 
     here = cpu_flags() if here is None else here
-    built = built_flags(sub)
+    built = built_record(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
             if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c) is None
-            and kernel_refusal(c["precision"], built_flags(sub, c["engine"]) if built is not None else None,
+            and kernel_refusal(c["precision"], built_flags(built, c["engine"]),
                                engine_flags(c["engine"], here)) is None        # ONEDNN_MAX_CPU_ISA: as serve
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
     low = sorted((c for c in rows if c["precision"] != "fp32"), key=lambda c: -(c.get("speedup_vs_fp32") or 0.0))
