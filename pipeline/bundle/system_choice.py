@@ -199,15 +199,14 @@ def _material(base: dict, row: dict, chain: float) -> bool:
     return chain <= 0 or base["part_s"] - row["part_s"] >= MATERIAL_CHAIN_SHARE * chain
 
 
-def _first_of_the_best(cands: list[dict], rows: list[dict], chain: float) -> dict | None:
-    """Among rows whose time is within a material share of the fastest, the first in candidate order (the part
-    bundle's recommendation comes first, pipeline/bundle/system_choice.part_candidates): rows the chain cannot tell
-    apart never swap places between runs."""
+def _first_of_the_best(cands: list[dict], chain: float) -> dict | None:
+    """Among cands (kept in candidate order: the part bundle's recommendation comes first, part_candidates) whose
+    time is within a material share of the fastest, the first: rows the chain cannot tell apart never swap places
+    between runs."""
     if not cands:
         return None
     fastest = min(r["part_s"] for r in cands)
-    close = [r for r in cands if chain <= 0 or r["part_s"] - fastest < MATERIAL_CHAIN_SHARE * chain]
-    return min(close, key=lambda r: next(i for i, x in enumerate(rows) if x is r))
+    return next(r for r in cands if chain <= 0 or r["part_s"] - fastest < MATERIAL_CHAIN_SHARE * chain)
 
 
 def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_REF,
@@ -229,11 +228,11 @@ def choose_part(role: str, rows: list[dict], ref_pair: tuple[str, str] = FP32_RE
     vs_ref = {id(r): spread(_ratios(ref, r)) for r in ok if r["precision"] == "fp32" and r is not ref}
     faster = [r for r in ok if id(r) in vs_ref and clearly_beyond(vs_ref[id(r)].median, vs_ref[id(r)].p10, 1.0)
               and _material(ref, r, chain)]
-    fp32 = _first_of_the_best(faster, rows, chain) or ref
+    fp32 = _first_of_the_best(faster, chain) or ref
     vs_fp32 = {id(r): spread(_ratios(fp32, r)) for r in ok}
     low = [r for r in ok if r["precision"] != "fp32" and _material(fp32, r, chain)
            and clearly_beyond(vs_fp32[id(r)].median, vs_fp32[id(r)].p10, min_speedup)]
-    best = _first_of_the_best(low, rows, chain) or fp32
+    best = _first_of_the_best(low, chain) or fp32
     out, ok_ids = [], {id(r) for r in ok}
     for r in rows:
         v = "chosen" if r is best else (r.get("verdict") or ("not timed" if r["passed"] else "failed gate"))
