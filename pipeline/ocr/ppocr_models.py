@@ -173,14 +173,25 @@ def fetch_v6(dest: Path | str = V6_DEST) -> dict[str, Path]:
     return out
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.ocr.ppocr_models",
+                                 description="Fetch PaddleOCR's pretrained PP-OCR models into a folder (hashed, checked).")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--v5", action="store_true", help="PP-OCRv5 det/rec (Paddle 3 exports)")
+    which.add_argument("--v6", action="store_true", help="PP-OCRv6 det/rec")
+    ap.add_argument("dest", nargs="?", help="destination folder (default: the version's folder under .cache/)")
+    args = ap.parse_args(argv)
+    getter, default = (fetch_v5, V5_DEST) if args.v5 else (fetch_v6, V6_DEST) if args.v6 else (fetch, DEFAULT_DEST)
     try:
-        args = sys.argv[1:]
-        v5, v6 = "--v5" in args, "--v6" in args
-        args = [a for a in args if a not in ("--v5", "--v6")]
-        getter, default = (fetch_v5, V5_DEST) if v5 else (fetch_v6, V6_DEST) if v6 else (fetch, DEFAULT_DEST)
-        for k, v in getter(args[0] if args else default).items():
+        for k, v in getter(args.dest or default).items():
             print(f"{k}: {v}")
     except PipelineError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
