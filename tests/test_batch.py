@@ -184,3 +184,13 @@ def test_user_mistakes_are_one_line_without_ray(smoke_bundle, tmp_path):
     (tmp_path / "o2" / "part-x-00001.jsonl").write_text("")
     res = cli(smoke_bundle[0], REAL, tmp_path / "o2")
     assert res.returncode == 2 and "another format than parquet" in res.stderr, res.stderr
+
+
+def test_ray_workers_run_at_the_jobs_niceness(local_ray):
+    """Ray's default puts its workers at nice +15: on a machine with other work the batch runner yielded to all of it
+    (and bench-batch timed nice-15 workers against a nice-0 single reader). They run at the driver's niceness."""
+    @ray.remote
+    def niceness():
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)

@@ -289,3 +289,13 @@ def test_fp16_status_and_no_fake_fp16_files(models, tmp_path):
 
 def test_zlib_still_works_after_imports():
     assert zlib.decompress(zlib.compress(b"lite" * 100)) == b"lite" * 100
+
+
+def test_lite_runs_big_inputs_one_at_a_time():
+    """Lite holds a whole run's activations: 8 PP-OCRv4 det pages (736x736x3 float32) at once peaked its child at
+    5.5 GB (issue 48). Big samples go one per run; small ones (a 48x320 rec line) keep 8."""
+    from pipeline.engines.lite_child import RUN_CHUNK, chunk_of
+
+    assert chunk_of(3 * 736 * 736 * 4) == 1
+    assert chunk_of(3 * 48 * 320 * 4) == RUN_CHUNK == 8
+    assert chunk_of(0) == RUN_CHUNK

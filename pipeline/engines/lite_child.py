@@ -57,8 +57,16 @@ def cmd_opt(a: argparse.Namespace) -> dict[str, Any]:
     return {"path": str(nb), "size_bytes": nb.stat().st_size}
 
 
-# samples per Lite run: the whole validation slice of PP-OCRv4 rec in one run was SIGKILLed (out of memory)
+# samples per Lite run: the whole validation slice of PP-OCRv4 rec in one run was SIGKILLed (out of memory); Lite
+# holds every activation of a run at once, so the chunk follows the input's size: 8 PP-OCRv4 det pages of 736x736
+# (6.5 MB each) peaked the child at 5.5 GB (issue 48); rec lines (48x320, 184 KB) still run 8 at a time
 RUN_CHUNK = 8
+RUN_CHUNK_BYTES = 2 * 2 ** 20
+
+
+def chunk_of(sample_bytes: int) -> int:
+    """Samples per Lite run for samples of this many input bytes: RUN_CHUNK, fewer for big ones, at least 1."""
+    return max(1, min(RUN_CHUNK, RUN_CHUNK_BYTES // max(1, sample_bytes)))
 
 
 def _read_exact(f: Any, n: int) -> bytes | None:
@@ -111,14 +119,14 @@ def cmd_serve(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_chunks(predictor: Any, x: Any) -> Any:
-    """Output 0 for x, run RUN_CHUNK samples at a time into one array (Lite has no memory reuse across a batch;
+    """Output 0 for x, run chunk_of(a sample's bytes) samples at a time into one array (Lite has no memory reuse across a batch;
     a whole PP-OCRv5 rec reply held 5 copies of its 370 MB output: the list, the join, the .npy, its bytes, the
     frame)."""
     import numpy as np
 
-    y = None
-    for i in range(0, len(x), RUN_CHUNK):
-        predictor.get_input(0).from_numpy(np.ascontiguousarray(x[i:i + RUN_CHUNK]))
+    y, step = None, chunk_of(x[:1].nbytes)
+    for i in range(0, len(x), step):
+        predictor.get_input(0).from_numpy(np.ascontiguousarray(x[i:i + step]))
         predictor.run()
         part = predictor.get_output(0).numpy()
         if y is None:

@@ -24,7 +24,10 @@ from pipeline.scale.store import OutputStore, arrow_schema, list_inputs
 log = logging.getLogger("pipeline.scale")
 ROOT = Path(__file__).resolve().parents[2]
 # a quiet Ray: no usage report (and, local, no dashboard: start_ray)
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+# RAY_worker_niceness: Ray starts its workers at nice +15, so on a machine with any other work they yielded to it
+# (and `make bench-batch` compared nice-15 workers with a nice-0 single reader); 0: the workers run at the
+# niceness the job was started at (`nice make batch ...` still makes the whole job polite)
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1", "RAY_worker_niceness": "0"}
 
 
 @dataclass
