@@ -178,7 +178,7 @@ def _serve(args) -> int:
     serve(args.bundle, sock=sock, threads=args.threads, key=_trust(args, cfg), limits=HttpLimits.from_config(sv),
           max_body=sv.max_body_bytes, max_pixels=sv.max_pixels, max_concurrency=sv.max_concurrency,
           log_requests=sv.access_log, batching=sv.batching.model_dump(), request_timeout_s=sv.request_timeout_s,
-          max_boxes=sv.max_boxes_per_page,
+          max_boxes=sv.max_boxes_per_page, ocr_lanes=sv.ocr_lanes,
           archive_limits=(cfg.verify.max_archive_bytes, cfg.verify.max_members), engine=args.engine,
           precision=args.precision)
     return 0

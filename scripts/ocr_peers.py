@@ -19,9 +19,9 @@ from pipeline.core.errors import PipelineError
 def set_threads(n: int | None = None) -> None:
     """OpenCV's pool at the engines' thread count (THREADS): resizing and contour search run in it, inside the timed
     calls."""
-    import cv2
+    from pipeline.ocr.system import set_opencv_threads
 
-    cv2.setNumThreads(THREADS if n is None else n)
+    set_opencv_threads(THREADS if n is None else n)        # 0: every core
 
 IMAGES = ROOT / "tests" / "data" / "real_images"
 # GT.tsv's "known text" column as checks (its prose: "first line X", "first 3 lines: a | b | c", "180 / X");
@@ -162,10 +162,11 @@ class Rapid3Worker:
     call alone, so the pipe is not in the figure. models: {det, cls, rec, keys} files, or None for RapidOCR 3.10's
     own (as shipped: PP-OCRv6 small det/rec, mobile v2 cls). det: {limit_type, limit_side_len} of the detector's
     resize, None: RapidOCR's own. warmup: the warm-up page each instance reads once as it loads its models (its
-    only warm-up, as every other system's); the readings are in info["warmup"]."""
+    only warm-up, as every other system's); the readings are in info["warmup"]. threads: each engine's and
+    OpenCV's; 0: RapidOCR's own settings (every core)."""
 
     def __init__(self, python: str, modes: tuple[str, ...], models: dict | None = None, det: dict | None = None,
-                 warmup: np.ndarray | None = None):
+                 warmup: np.ndarray | None = None, threads: int = THREADS):
         import pickle
         import subprocess
 
@@ -176,7 +177,7 @@ class Rapid3Worker:
             if det else []
         self._pickle = pickle
         self.proc = subprocess.Popen([python, str(ROOT / "scripts" / "rapidocr3_worker.py"), "--modes",
-                                      ",".join(modes), "--threads", str(THREADS), *files, *resize],
+                                      ",".join(modes), "--threads", str(threads), *files, *resize],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         pickle.dump(warmup if warmup is not None else np.full((64, 256, 3), 255, np.uint8), self.proc.stdin)
         self.proc.stdin.flush()
@@ -221,6 +222,66 @@ class Rapid3:
 
     def crop(self, img: np.ndarray) -> list[str]:
         return self.worker.call("crop", self.mode, img)[0]
+
+
+class OursLanes:
+    """Ours at every core: `lanes` engine sets at one thread each (pipeline/ocr/lanes.PageLanes), pages read side by
+    side, as many at once as there are lanes; each lane's lines are exactly read_page's on its engines."""
+
+    def __init__(self, args, lanes: int):
+        from pipeline.ocr.lanes import PageLanes
+
+        def load():
+            o = Ours(args)
+            self.label, self._served = o.label, o.served()
+            return o.det, o.rec, o.cls, o.spec
+
+        self.lanes = PageLanes(load, lanes)
+        self.label = f"{self.label}; {lanes} lanes x 1 thread"
+
+    def warm(self, img: np.ndarray) -> list:
+        """Every lane reads the warm-up page once (each engine set prepares its own kernels)."""
+        lines = [self.lanes.read_one(img)[0] for _ in range(self.lanes.lanes)]
+        return [(ln["box"], ln["text"]) for ln in lines[0]]
+
+    def pages(self, imgs: list[np.ndarray]) -> tuple[list[list], float]:
+        t0 = time.perf_counter()
+        got = self.lanes.read(imgs)
+        return [[(ln["box"], ln["text"]) for ln in lines] for lines, _ in got], time.perf_counter() - t0
+
+    def served(self) -> dict:
+        return self._served
+
+    def close(self) -> None:
+        self.lanes.close()
+
+
+def pages_of(system, imgs: list[np.ndarray]) -> tuple[list[list], float]:
+    """A block of pages: the system's own `pages` (lanes: side by side), else one after another."""
+    if hasattr(system, "pages"):
+        return system.pages(imgs)
+    got = [system.page(img) for img in imgs]
+    return [g[0] for g in got], sum(g[1] for g in got)
+
+
+def interleaved_blocks(systems: dict, pages: dict, block: int) -> tuple[dict, dict, list]:
+    """interleaved() at every core: after the one warm-up page, the timed pages in blocks of `block` (the cores), each
+    system reading a whole block (lanes read it side by side), the systems in a rotating order per block."""
+    set_threads()           # in this process: our lanes, each one thread (the peers run in their own processes)
+    warm = warmup_name(pages)
+    names = list(systems)
+    got, t = {n: {} for n in names}, {n: 0.0 for n in names}
+    for n, s in systems.items():
+        got[n][warm] = s.warm(pages[warm]) if hasattr(s, "warm") else s.page(pages[warm])[0]
+    timed = [i for i in pages if i != warm]
+    for k in range(0, len(timed), block):
+        chunk = timed[k:k + block]
+        i = k // block
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            lines, dt = pages_of(systems[n], [pages[c] for c in chunk])
+            got[n].update(zip(chunk, lines))
+            t[n] += dt
+    return {n: {i: got[n][i] for i in pages} for n in names}, t, timed
 
 
 def interleaved(systems: dict, pages: dict) -> tuple[dict, dict, list]:

@@ -32,9 +32,10 @@ def params(mode: str, files: dict | None, threads: int = 1, det: dict | None = N
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     engine = "onnxruntime" if mode == "onnxruntime" else "openvino"
-    threads = {"onnxruntime": {"EngineConfig.onnxruntime.intra_op_num_threads": threads,
-                               "EngineConfig.onnxruntime.inter_op_num_threads": 1},
-               "openvino": {"EngineConfig.openvino.inference_num_threads": threads}}[engine]
+    threads = {} if threads < 1 else {      # < 1: RapidOCR's own thread settings (all cores: `make bench-ocr`)
+        "onnxruntime": {"EngineConfig.onnxruntime.intra_op_num_threads": threads,
+                        "EngineConfig.onnxruntime.inter_op_num_threads": 1},
+        "openvino": {"EngineConfig.openvino.inference_num_threads": threads}}[engine]
     out = {"Global.log_level": "error", **threads}
     if engine != "onnxruntime":         # onnxruntime is RapidOCR's default engine_type: left as shipped
         from rapidocr import EngineType
@@ -107,7 +108,8 @@ def main() -> int:
     ap.add_argument("--modes", default="openvino-f32,openvino", help=f"comma-separated, of {', '.join(MODES)}")
     for k in ("det", "cls", "rec", "keys"):
         ap.add_argument(f"--{k}", default=None)
-    ap.add_argument("--threads", type=int, default=1, help="each engine's threads, and OpenCV's")
+    ap.add_argument("--threads", type=int, default=1, help="each engine's threads, and OpenCV's (0: RapidOCR's and "
+                                                           "OpenCV's own settings, every core)")
     ap.add_argument("--limit-type", choices=("min", "max"), default=None)
     ap.add_argument("--limit-side-len", type=int, default=None)
     ap.add_argument("--mean", type=float, nargs=3, default=None)
@@ -122,7 +124,8 @@ def main() -> int:
             ap.error(f"--modes: unknown {m!r}, one of {', '.join(MODES)}")
     import cv2
 
-    cv2.setNumThreads(a.threads)        # OpenCV's own pool would otherwise use every core inside the timed call
+    if a.threads > 0:       # OpenCV's own pool would otherwise use every core inside the timed call
+        cv2.setNumThreads(a.threads)
     det = {"limit_type": a.limit_type, "limit_side_len": a.limit_side_len, "mean": a.mean, "std": a.std}
     out = os.fdopen(os.dup(1), "wb")        # the protocol's own copy of stdout: library chatter goes to stderr
     os.dup2(2, 1)

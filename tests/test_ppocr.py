@@ -327,6 +327,37 @@ def test_concurrent_pages_recognised_together_read_as_alone(real, worker):
     assert runner.coalescer.stats["largest"] >= 2
 
 
+def test_page_lanes_read_every_page_as_one_engine_set_does(real):
+    """Both cores (issue 48): two lanes, each its own engine set on its own thread, read pages side by side; every
+    page's lines are exactly read_page's on one set, in the pages' order, and a lane's engines stay on its thread."""
+    import threading
+
+    from pipeline.engines.paddle_infer import InferenceEngine
+    from pipeline.ocr.lanes import PageLanes
+    from pipeline.ocr.ppocr_models import fetch
+    from pipeline.ocr.system import read_page
+
+    eng, spec = real
+    pages = [_page(n) for n in ("return_word_debug.jpg", "issue_170.png", "ch_en_num.jpg")] + \
+        [np.full((64, 256, 3), 255, np.uint8)]
+    alone = [read_page(p, eng["det"], eng["rec"], spec) for p in pages]
+    m, threads_of = fetch(), {}
+
+    class Watched(InferenceEngine):       # records the threads each lane's engine ran on
+        def run(self, x):
+            threads_of.setdefault(id(self), set()).add(threading.get_ident())
+            return super().run(x)
+
+    lanes = PageLanes(lambda: (*(Watched(m[k] / "inference", "fp32", threads=1) for k in ("det", "rec")), None,
+                               spec), 2)
+    try:
+        got = lanes.read(pages + pages[:1])
+    finally:
+        lanes.close()
+    assert got == alone + alone[:1] and got[3] == ([], 0) and len(got[2][0]) == 18
+    assert len(threads_of) == 4 and all(len(t) == 1 for t in threads_of.values())
+
+
 class _BigTextDetector:
     """A detector that, like PP-OCRv5 mobile on issue_170.png's 190-pixel letters, finds nothing at the page's own
     size and the word's box (TEST, page pixels 90..760 x 165..420) once the input is at most `below` pixels wide."""

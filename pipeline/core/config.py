@@ -360,6 +360,7 @@ class ServeCfg(Section):
     grace_s: float = Field(ge=0)
     request_timeout_s: float = Field(ge=0)      # 0: no budget
     max_boxes_per_page: int = Field(ge=0)       # 0: no cap
+    ocr_lanes: int = Field(ge=1, le=64)         # /ocr engine sets reading pages side by side
     batching: BatchingCfg
 
 

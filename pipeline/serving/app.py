@@ -43,6 +43,7 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
                        versions=manifest.get("versions"), **limits)
     else:
         limits.pop("max_boxes", None)            # /ocr only
+        limits.pop("ocr_lanes", None)
         app = create_app_from_model(str(folder / layout.reference_of(cfg)[1]), cfg, threads=threads,
                                     max_body=max_body, name=manifest.get("name") or folder.name,
                                     versions=manifest.get("versions"),
@@ -53,14 +54,22 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
     return app
 
 
-def _ocr_app(folder: Path, cfg: dict, *, threads: int = 0, **kw):
-    """/ocr for an (already hash-verified) system bundle: its parts loaded as the bundle says they are served."""
+def _ocr_app(folder: Path, cfg: dict, *, threads: int = 0, ocr_lanes: int = 1, **kw):
+    """/ocr for an (already hash-verified) system bundle: its parts loaded as the bundle says they are served.
+    ocr_lanes > 1 (serve.ocr_lanes): that many engine sets, each at `threads` (default 1), read pages side by side
+    (pipeline/ocr/lanes.py); 1: one set at `threads` (default: every core), one page at a time."""
     from pipeline.bundle.system import served_system
     from pipeline.core import env
     from pipeline.serving.ocr_routes import create_ocr_app
 
+    name = kw.pop("name", None) or folder.name
+    if ocr_lanes > 1:
+        from pipeline.ocr.lanes import PageLanes
+
+        lanes = PageLanes(lambda: served_system(folder, threads or 1), ocr_lanes)
+        return create_ocr_app(lanes.sets[0], cfg, name=name, lanes=lanes, **kw)
     det, rec, cls, spec = served_system(folder, threads or env.cpu_count())
-    return create_ocr_app((det, rec, cls, spec), cfg, name=kw.pop("name", None) or folder.name, **kw)
+    return create_ocr_app((det, rec, cls, spec), cfg, name=name, **kw)
 
 
 def http_ocr_gate(folder: Path, pages: list[np.ndarray], *, threads: int = 0, timeout: float = 60.0) -> dict:

@@ -91,12 +91,30 @@ class _PageRunner:
                                                                 self.spec, step)
 
 
+class _LaneRunner:
+    """serve.ocr_lanes > 1: each page read whole on the first free lane (pipeline/ocr/lanes.PageLanes: one engine set
+    per lane on its own thread), up to `lanes` pages at once; the recogniser is not shared, so nothing coalesces."""
+
+    def __init__(self, lanes, max_boxes: int = 0):
+        self.lanes, self.max_boxes, self.coalescer = lanes, max_boxes, None
+        self.free = asyncio.Semaphore(lanes.lanes)        # a page is submitted only when a lane is free
+        self.batching = {"mode": "off", "enabled": False, "max_batch": 1, "max_wait_ms": 0.0,
+                         "reason": f"{lanes.lanes} lanes (serve.ocr_lanes): each page is read whole on its own "
+                                   "engine set, side by side"}
+
+    async def __call__(self, page: np.ndarray) -> tuple[list[dict], int]:
+        async with self.free:
+            return await asyncio.wrap_future(self.lanes.submit(page, self.max_boxes))
+
+
 def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, name: str = "ocr",
                    versions: dict | None = None, log_requests: bool = True, max_pixels: int = MAX_PIXELS,
                    max_concurrency: int = MAX_CONCURRENCY, batching: dict | None = None,
-                   request_timeout_s: float | None = REQUEST_TIMEOUT_S, max_boxes: int = MAX_BOXES_PER_PAGE):
+                   request_timeout_s: float | None = REQUEST_TIMEOUT_S, max_boxes: int = MAX_BOXES_PER_PAGE,
+                   lanes=None):
     """/ocr for a loaded system: (det, rec, cls or None, spec) engines, and the system bundle's infer config;
     limits and batching as in predict.create_app_from_model; max_boxes: boxes read per page (0: all).
+    lanes: a PageLanes whose first engine set is `system` (serve.ocr_lanes > 1), else pages one at a time.
     serving/app.py loads the system from its bundle."""
     from pipeline.core import env
     from pipeline.serving.batching import DEFAULTS
@@ -104,8 +122,8 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
 
     det, rec, cls, spec = system
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr")     # predictors are not thread-safe
-    runner = _PageRunner(det, rec, cls, spec, pool, DEFAULTS if batching is None else batching,
-                         max_concurrency, max_boxes)
+    runner = _LaneRunner(lanes, max_boxes) if lanes is not None and lanes.lanes > 1 else \
+        _PageRunner(det, rec, cls, spec, pool, DEFAULTS if batching is None else batching, max_concurrency, max_boxes)
 
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body,
                    request_timeout_s=request_timeout_s)
