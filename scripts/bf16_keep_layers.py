@@ -203,6 +203,9 @@ def main() -> int:
                    "generator's own, pipeline/data/edge_pages.DEFAULT_SEED)")
     p.add_argument("--system", default="configs/ppocr_v4_system.yaml", help="--judge text: the system config "
                    "whose flow and recogniser read the lines (default %(default)s)")
+    p.add_argument("--rank", choices=("map", "flips"), default="map", help="detectors: rank segments by mean |dp| "
+                   "over the DB map (map) or by the share of pixels whose binarisation at the run's thresh flips "
+                   "(flips: the boxes' edges)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per trial (more on a loaded "
                    "host: the speed decides which trials may be advised)")
     args = p.parse_args()
@@ -235,8 +238,9 @@ def main() -> int:
         if text_judge is not None:
             text_judge.start(base)
         t0 = time.perf_counter()
-        ranked = ovx.bf16_sensitivity(base, x[:n_rank], ref[:n_rank], tmp, batch=batch,
-                                      error=ovx.map_error if post is not None else ovx.top_class_error)
+        error = ovx.top_class_error if post is None else \
+            ovx.flip_error(float(post["thresh"])) if args.rank == "flips" else ovx.map_error
+        ranked = ovx.bf16_sensitivity(base, x[:n_rank], ref[:n_rank], tmp, batch=batch, error=error)
         print(f"ranked {len(ranked)} segments on {n_rank} tuning samples in {time.perf_counter() - t0:.0f} s")
         for s in ranked[:12]:
             print(f"  {s['error']:.3g}  {s['layer']} ({s['type']}, {len(s['names'])} layers)")

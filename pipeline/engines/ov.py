@@ -323,6 +323,15 @@ def map_error(out: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(out - reference).mean())
 
 
+def flip_error(thresh: float):
+    """error(out, reference) -> the share of DB-map pixels whose binarisation at `thresh` flips (detectors): the binary
+    map's edges are the boxes' edges, so a flip near a line is a crop edge that moves; map_error's mean |dp| is mostly
+    the text's interior, which no box sees."""
+    def error(out: np.ndarray, reference: np.ndarray) -> float:
+        return float(((out > thresh) != (reference > thresh)).mean())
+    return error
+
+
 def bf16_sensitivity(base_xml: str | os.PathLike, x: np.ndarray, reference: np.ndarray, work: str | os.PathLike,
                      *, batch: int = 8, threads: int = 1, error=top_class_error) -> list[dict]:
     """Each segment's own bf16 error: the model with only that segment bf16 (every other layer `precise`), run on
