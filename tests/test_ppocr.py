@@ -338,8 +338,7 @@ def test_page_lanes_read_every_page_as_one_engine_set_does(real):
     from pipeline.ocr.system import read_page
 
     eng, spec = real
-    pages = [_page(n) for n in ("return_word_debug.jpg", "issue_170.png", "ch_en_num.jpg")] + \
-        [np.full((64, 256, 3), 255, np.uint8)]
+    pages = [_page(n) for n in ("return_word_debug.jpg", "issue_170.png")] + [np.full((64, 256, 3), 255, np.uint8)]
     alone = [read_page(p, eng["det"], eng["rec"], spec) for p in pages]
     m, threads_of = fetch(), {}
 
@@ -354,7 +353,7 @@ def test_page_lanes_read_every_page_as_one_engine_set_does(real):
         got = lanes.read(pages + pages[:1])
     finally:
         lanes.close()
-    assert got == alone + alone[:1] and got[3] == ([], 0) and len(got[2][0]) == 18
+    assert got == alone + alone[:1] and got[2] == ([], 0) and len(got[0][0]) >= 4 and len(got[1][0]) == 1
     assert len(threads_of) == 4 and all(len(t) == 1 for t in threads_of.values())
 
 
