@@ -348,3 +348,22 @@ def test_amp_bench_separates_the_executor_gain_from_the_bf16_gain():
     assert "0.94x samples/s" in lines[0] and "1.07x peak RSS" in lines[0] and "metric -0.0100" in lines[0]
     assert "static fp32 vs fp32 (the executor's effect) 1.60x" in lines[0]
     assert rows[1]["vs_static_fp32"] == {"samples_per_s": 0.938, "peak_rss": 1.071, "metric_delta": -0.01}
+
+
+def test_amp_paired_judges_the_tolerance_on_paired_differences():
+    import importlib
+
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        paired = importlib.import_module("amp_paired").paired
+    finally:
+        sys.path.remove(scripts)
+    # fp32 moves 10 points from seed to seed, bf16 follows each seed within 0.1: resolved inside ±0.5
+    close = paired([0.50, 0.60, 0.55, 0.45], [0.501, 0.599, 0.551, 0.450], tol=0.5)
+    assert close["diffs"] == [0.1, -0.1, 0.1, 0.0] and close["n"] == 4 and "within" in close["verdict"]
+    assert -0.5 <= close["ci95"][0] < close["mean"] < close["ci95"][1] <= 0.5
+    far = paired([0.50, 0.60, 0.55], [0.47, 0.57, 0.52], tol=0.5)
+    assert far["mean"] == -3.0 and "outside" in far["verdict"]
+    noisy = paired([0.50, 0.60, 0.55], [0.53, 0.57, 0.55], tol=0.5)
+    assert "not resolved at 3 seeds" in noisy["verdict"]
