@@ -366,4 +366,7 @@ def test_amp_paired_judges_the_tolerance_on_paired_differences():
     far = paired([0.50, 0.60, 0.55], [0.47, 0.57, 0.52], tol=0.5)
     assert far["mean"] == -3.0 and "outside" in far["verdict"]
     noisy = paired([0.50, 0.60, 0.55], [0.53, 0.57, 0.55], tol=0.5)
-    assert "not resolved at 3 seeds" in noisy["verdict"]
+    assert "not resolved at 3 seeds" in noisy["verdict"] and "not shown to be no worse" in noisy["non_inferiority"]
+    better = paired([0.50, 0.60, 0.55], [0.52, 0.61, 0.58], tol=0.5)     # +2, +1, +3: higher, not "within"
+    assert "within" not in better["verdict"] and better["higher_in"] == 3
+    assert better["lower95_one_sided"] > -0.5 and "bf16 no worse than fp32 - 0.5" in better["non_inferiority"]
