@@ -177,6 +177,39 @@ def test_warm_up_on_a_small_batch_changes_nothing():
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)
 
 
+@needs_bf16
+def test_a_model_that_bakes_its_batch_skips_the_warm_up_and_trains_as_without(caplog):
+    import paddle
+    from paddle import nn
+
+    from pipeline.tasks import get_task
+    from pipeline.training.static_bf16 import StaticBf16Trainer
+
+    class Baked(nn.Layer):      # reshape to a fixed batch: 2 samples cannot run it
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.fc(paddle.reshape(x, [16, 64]))
+
+    def trainer():
+        paddle.seed(3)
+        t = StaticBf16Trainer(Baked, get_task("classification"),
+                              lambda layer: (paddle.optimizer.Adam(1e-2, parameters=layer.parameters()), None),
+                              16, [1, 8, 8], [], "int64")
+        t.load_weights(Baked())
+        return t
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 1, 8, 8)).astype("float32"), rng.integers(0, 4, 16).astype("int64")
+    a, b = trainer(), trainer()
+    with caplog.at_level("DEBUG", logger="pipeline"):
+        b.warm_up(x, y)
+    assert "warm-up on 2 samples failed" in caplog.text
+    assert [a.step(x, y) for _ in range(3)] == [b.step(x, y) for _ in range(3)]
+
+
 # the first step's peak of live tensors (Paddle's CPU allocator), with and without the warm-up, in a fresh process
 FIRST_STEP_PEAK = """
 import sys

@@ -282,11 +282,11 @@ class StaticBf16Trainer:
     # ----------------------------------------------------------------- running
     def warm_up(self, x: np.ndarray, y: np.ndarray, n: int = 2) -> None:
         """Run both programs once on n samples and put every persistable (weights, BatchNorm statistics, optimizer
-        state) and the RNG back as they were: the first run of a program builds the executor's instruction list,
-        and in that build run Paddle 2.6.2 frees the layout transfers it inserts around oneDNN ops (150 on a
-        ViT-Tiny bf16 step) only at its end. At the real batch that held ViT-Tiny's bf16 step at 493 MB of live
-        tensors instead of 233 (batch 64), and the process's peak RSS with it; later runs free them as they go.
-        Bit-identical training either way (tests/test_amp_cpu.py)."""
+        state) and the RNG back as they were. The first run of a program is the executor's build run, and in
+        Paddle 2.6.2 a bf16 program's build run keeps far more tensors alive than its later runs (ViT-Tiny: 493 MB
+        vs 233 at batch 64, 1890 vs 859 at 256; fp32 programs alike in both; most likely the tensors around the 150
+        layout transfers the executor inserts for oneDNN ops): at the real batch it set the process's peak RSS.
+        Bit-identical training either way (tests/test_amp_cpu.py; docs/amp_cpu.md, round 3)."""
         import paddle
 
         saved = {name: np.array(self._tensor(name)) for name in [*self.names.values(), *self._optimizer_vars()]}
