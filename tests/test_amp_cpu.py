@@ -164,6 +164,85 @@ def test_nonfinite_step_changes_nothing():
         assert np.array_equal(v, after[k]), k
 
 
+@needs_bf16
+def test_warm_up_on_a_small_batch_changes_nothing():
+    a, _, x, y = _tiny_trainer()
+    b, _, _, _ = _tiny_trainer()
+    b.warm_up(x, y)
+    weights = lambda t: {k: np.array(t._tensor(v)) for k, v in t.names.items()}
+    for before, after in ((weights(a), weights(b)), (a.state_dict(), b.state_dict())):
+        assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+    assert [a.step(x, y) for _ in range(3)] == [b.step(x, y) for _ in range(3)]
+    wa, wb = weights(a), weights(b)
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)
+
+
+@needs_bf16
+def test_a_model_that_bakes_its_batch_skips_the_warm_up_and_trains_as_without(caplog):
+    import paddle
+    from paddle import nn
+
+    from pipeline.tasks import get_task
+    from pipeline.training.static_bf16 import StaticBf16Trainer
+
+    class Baked(nn.Layer):      # reshape to a fixed batch: 2 samples cannot run it
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.fc(paddle.reshape(x, [16, 64]))
+
+    def trainer():
+        paddle.seed(3)
+        t = StaticBf16Trainer(Baked, get_task("classification"),
+                              lambda layer: (paddle.optimizer.Adam(1e-2, parameters=layer.parameters()), None),
+                              16, [1, 8, 8], [], "int64")
+        t.load_weights(Baked())
+        return t
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 1, 8, 8)).astype("float32"), rng.integers(0, 4, 16).astype("int64")
+    a, b = trainer(), trainer()
+    with caplog.at_level("DEBUG", logger="pipeline"):
+        b.warm_up(x, y)
+    assert "warm-up on 2 samples failed" in caplog.text
+    assert [a.step(x, y) for _ in range(3)] == [b.step(x, y) for _ in range(3)]
+
+
+# the first step's peak of live tensors (Paddle's CPU allocator), with and without the warm-up, in a fresh process
+FIRST_STEP_PEAK = """
+import sys
+import numpy as np
+import paddle
+from paddle import nn
+from paddle.base import core
+from pipeline.tasks import get_task
+from pipeline.training.static_bf16 import StaticBf16Trainer
+build = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 256), *[m for _ in range(6) for m in (nn.GELU(),
+                              nn.Linear(256, 256))], nn.Linear(256, 4))
+t = StaticBf16Trainer(build, get_task("classification"),
+                      lambda layer: (paddle.optimizer.Adam(1e-2, parameters=layer.parameters()), None), 1024, [1, 8, 8],
+                      [], "int64")
+x, y = np.random.default_rng(0).standard_normal((1024, 1, 8, 8)).astype("float32"), np.zeros(1024, "int64")
+if sys.argv[1] == "warm":
+    t.warm_up(x, y)
+t.step(x, y)
+print(core.host_memory_stat_peak_value("Allocated", 0))
+"""
+
+
+@needs_bf16
+def test_warm_up_keeps_the_first_step_at_the_steady_peak():
+    peak = {}
+    for mode in ("cold", "warm"):
+        res = subprocess.run([sys.executable, "-c", FIRST_STEP_PEAK, mode], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        peak[mode] = int(res.stdout.split()[-1])
+    assert peak["warm"] < 0.7 * peak["cold"], peak     # measured 16.4 vs 33.4 MB
+
+
 def _cli(*args, root: Path, wait: bool = True):
     cmd = [sys.executable, "-m", "pipeline", *args, *TINY, "-o", f"run.root={root}", "-o", "run.name=r"]
     if not wait:
@@ -302,3 +381,25 @@ def test_amp_bench_separates_the_executor_gain_from_the_bf16_gain():
     assert "0.94x samples/s" in lines[0] and "1.07x peak RSS" in lines[0] and "metric -0.0100" in lines[0]
     assert "static fp32 vs fp32 (the executor's effect) 1.60x" in lines[0]
     assert rows[1]["vs_static_fp32"] == {"samples_per_s": 0.938, "peak_rss": 1.071, "metric_delta": -0.01}
+
+
+def test_amp_paired_judges_the_tolerance_on_paired_differences():
+    import importlib
+
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        paired = importlib.import_module("amp_paired").paired
+    finally:
+        sys.path.remove(scripts)
+    # fp32 moves 10 points from seed to seed, bf16 follows each seed within 0.1: resolved inside ±0.5
+    close = paired([0.50, 0.60, 0.55, 0.45], [0.501, 0.599, 0.551, 0.450], tol=0.5)
+    assert close["diffs"] == [0.1, -0.1, 0.1, 0.0] and close["n"] == 4 and "within" in close["verdict"]
+    assert -0.5 <= close["ci95"][0] < close["mean"] < close["ci95"][1] <= 0.5
+    far = paired([0.50, 0.60, 0.55], [0.47, 0.57, 0.52], tol=0.5)
+    assert far["mean"] == -3.0 and "outside" in far["verdict"]
+    noisy = paired([0.50, 0.60, 0.55], [0.53, 0.57, 0.55], tol=0.5)
+    assert "not resolved at 3 seeds" in noisy["verdict"] and "not shown to be no worse" in noisy["non_inferiority"]
+    better = paired([0.50, 0.60, 0.55], [0.52, 0.61, 0.58], tol=0.5)     # +2, +1, +3: higher, not "within"
+    assert "within" not in better["verdict"] and better["higher_in"] == 3
+    assert better["lower95_one_sided"] > -0.5 and "bf16 no worse than fp32 - 0.5" in better["non_inferiority"]

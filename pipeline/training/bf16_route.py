@@ -48,6 +48,7 @@ def prepare(ctx, task, model, ds, spec, plan, nproc: int, batch: int, make_optim
                                     str(y.dtype), user_fp32=cfg.train.amp.custom_black_list,
                                     user_bf16=cfg.train.amp.custom_white_list)
         trainer.load_weights(model)
+        trainer.warm_up(x, y)
     except Exception as exc:
         plan.fall_back(f"AMP bfloat16 on CPU: the model and loss do not build as a static program "
                        f"({_first_line(exc)})")
