@@ -1,6 +1,7 @@
 """How `make conformance` judges its rows, on fabricated run folders (no training): near-chance rows MARKED whatever
 their verdict, the marked-share exit rule, gates that cannot resolve their limit, the zoo read from its config."""
 import json
+import re
 
 import pytest
 import yaml
@@ -149,12 +150,36 @@ def test_too_many_marked_rows_fail_the_run_and_skipped_ones_do_not_count():
 
 
 def test_the_zoo_comes_from_its_config_and_its_section_never_reaches_the_stages(tmp_path):
-    base, zoo, fast, share = conformance.load_settings()
-    assert "conformance" not in base and base["train"]["min_metric"] == 0.0
-    assert set(fast) <= set(zoo) and 0 < share < 1 and zoo == conformance.ZOO
-    assert all(any(o.startswith("model.name=") for o in ovr) for ovr in zoo.values())
-    bad = tmp_path / "c.yaml"
-    bad.write_text("conformance: {zoo: {lcnet: [model.name=lcnet]}}\n")
+    st = conformance.load_settings()
+    assert "conformance" not in st.base and st.base["train"]["min_metric"] == 0.0
+    assert set(st.fast) <= set(st.zoo) and 0 < st.max_marked_share < 1 and st.zoo == conformance.ZOO
+    assert all(any(o.startswith("model.name=") for o in ovr) for ovr in st.zoo.values())
     from pipeline.core.errors import ConfigError
-    with pytest.raises(ConfigError, match="conformance.zoo must map each architecture to its overrides"):
-        conformance.load_settings(bad)
+    bad = tmp_path / "c.yaml"
+    for text, message in (("conformance: {zoo: {lcnet: [model.name=lcnet]}}\n", "conformance.zoo.lcnet"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}, fast: [vit]}\n",
+                           "conformance.fast names vit, not in conformance.zoo"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}, max_marked_share: 2}\n",
+                           "conformance.max_marked_share"),
+                          ("conformance: {zoo: {}}\n", "conformance.zoo names no architecture"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}}\ntrain: {epoch: 3}\n",
+                           "unknown config key 'train.epoch'")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            conformance.load_settings(bad)
+
+
+def test_importing_the_driver_reads_no_config(monkeypatch):
+    """The CLI imports every command at start: a broken configs/conformance.yaml must fail `make conformance`
+    with its one line, not every other command at import."""
+    import importlib
+
+    from pipeline.core import config, safe_yaml
+
+    calls = []
+    for module, name in ((config, "load_config"), (safe_yaml, "read"), (yaml, "safe_load")):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **k: calls.append(_n))
+    importlib.reload(conformance)
+    assert calls == []
+    monkeypatch.undo()
+    importlib.reload(conformance)
