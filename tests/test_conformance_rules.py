@@ -197,3 +197,26 @@ def test_only_int8_is_a_zoo_candidate_and_each_one_is_explained():
     candidates = {arch for arch, r in roles.items() if r.get("int8") == "candidate"}
     table_rows = {arch for arch in st.zoo if f"\n| {arch} |" in section}
     assert candidates and candidates == table_rows, (candidates, table_rows)
+
+
+def test_a_timed_out_architecture_leaves_no_process_behind(tmp_path):
+    """`pipeline run` supervises its stage in a child process: a timeout must kill the grandchild too (it held the run
+    folder's lock and the cores after its row said timeout)."""
+    import os
+    import sys
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    child = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()")
+    out, err = conformance.run_group([sys.executable, "-c", child], dict(os.environ), timeout=3)
+    assert "timeout after 3s" in err
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {grandchild} outlived the timeout")

@@ -11,9 +11,11 @@ more than conformance.max_marked_share of executed rows is MARKED near chance (c
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -131,6 +133,22 @@ def _tail(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
+def run_group(cmd: list[str], env: dict, timeout: float) -> tuple[str, str]:
+    """(stdout, stderr) of cmd in its own process group; on timeout the whole group is killed. `python -m pipeline
+    run` is a supervisor over the stage process: killing only the supervisor left the stage running on, holding the
+    run folder's lock and the cores (a timed-out mobilenet_v2 server stage finished 10 minutes after its row said
+    timeout)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return out, f"{err}\ntimeout after {timeout:g}s"
+
+
 def run_arch(arch: str, recipe: list[str], root: Path, extra: list[str], timeout: float, force: bool = False) -> list[Row]:
     """One architecture, isolated: its own subprocess, run folder and logs. Stages whose fingerprint (config, inputs,
     code, CPU kernels) is unchanged are reused, trained weights included; force re-runs every one."""
@@ -147,11 +165,7 @@ def run_arch(arch: str, recipe: list[str], root: Path, extra: list[str], timeout
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-        out, err = proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        out, err = str(exc.stdout or ""), f"{exc.stderr or ''}\ntimeout after {timeout:g}s"
+    out, err = run_group(cmd, env, timeout)
     atomic_write_text(log_dir / "run.log", f"$ {' '.join(cmd)}\n{out}\n--- stderr ---\n{err}")
     rows = _stage_rows(arch, log_dir, _tail(err))
     chain_ok = all(r.verdict in (*rules.PASSING, rules.MARKED) for r in rows)
