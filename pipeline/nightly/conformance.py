@@ -15,8 +15,8 @@ import contextlib
 import functools
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
