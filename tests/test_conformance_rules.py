@@ -1,6 +1,7 @@
 """How `make conformance` judges its rows, on fabricated run folders (no training): near-chance rows MARKED whatever
 their verdict, the marked-share exit rule, gates that cannot resolve their limit, the zoo read from its config."""
 import json
+import re
 
 import pytest
 import yaml
@@ -149,12 +150,73 @@ def test_too_many_marked_rows_fail_the_run_and_skipped_ones_do_not_count():
 
 
 def test_the_zoo_comes_from_its_config_and_its_section_never_reaches_the_stages(tmp_path):
-    base, zoo, fast, share = conformance.load_settings()
-    assert "conformance" not in base and base["train"]["min_metric"] == 0.0
-    assert set(fast) <= set(zoo) and 0 < share < 1 and zoo == conformance.ZOO
-    assert all(any(o.startswith("model.name=") for o in ovr) for ovr in zoo.values())
-    bad = tmp_path / "c.yaml"
-    bad.write_text("conformance: {zoo: {lcnet: [model.name=lcnet]}}\n")
+    st = conformance.load_settings()
+    assert "conformance" not in st.base and st.base["train"]["min_metric"] == 0.0
+    assert set(st.fast) <= set(st.zoo) and 0 < st.max_marked_share < 1 and st.zoo == conformance.ZOO
+    assert all(any(o.startswith("model.name=") for o in ovr) for ovr in st.zoo.values())
     from pipeline.core.errors import ConfigError
-    with pytest.raises(ConfigError, match="conformance.zoo must map each architecture to its overrides"):
-        conformance.load_settings(bad)
+    bad = tmp_path / "c.yaml"
+    for text, message in (("conformance: {zoo: {lcnet: [model.name=lcnet]}}\n", "conformance.zoo.lcnet"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}, fast: [vit]}\n",
+                           "conformance.fast names vit, not in conformance.zoo"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}, max_marked_share: 2}\n",
+                           "conformance.max_marked_share"),
+                          ("conformance: {zoo: {}}\n", "conformance.zoo names no architecture"),
+                          ("conformance: {zoo: {lcnet: {model.name: lcnet}}}\ntrain: {epoch: 3}\n",
+                           "unknown config key 'train.epoch'")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            conformance.load_settings(bad)
+
+
+def test_importing_the_driver_reads_no_config(monkeypatch):
+    """The CLI imports every command at start: a broken configs/conformance.yaml must fail `make conformance`
+    with its one line, not every other command at import."""
+    import importlib
+
+    from pipeline.core import config, safe_yaml
+
+    calls = []
+    for module, name in ((config, "load_config"), (safe_yaml, "read"), (yaml, "safe_load")):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **k: calls.append(_n))
+    importlib.reload(conformance)
+    assert calls == []
+    monkeypatch.undo()
+    importlib.reload(conformance)
+
+
+def test_only_int8_is_a_zoo_candidate_and_each_one_is_explained():
+    """A candidate row that fails is EXCLUDED and the run goes on: in the zoo only int8 may be one (fp32 is exact
+    parity, fp16/bf16 hold everywhere), and every architecture that makes it one says why in docs/conformance.md."""
+    st = conformance.load_settings()
+    roles = {arch: {o.split("=")[0].removeprefix("server.roles."): o.split("=", 1)[1]
+                    for o in ovr if o.startswith("server.roles")} for arch, ovr in st.zoo.items()}
+    assert all(set(r) <= {"int8"} for r in roles.values()), roles
+    assert "roles" not in (st.base.get("server") or {})          # never zoo-wide: per architecture, per reason
+    section = (conformance.ROOT / "docs" / "conformance.md").read_text().split("## int8 roles", 1)[1].split("\n## ")[0]
+    candidates = {arch for arch, r in roles.items() if r.get("int8") == "candidate"}
+    table_rows = {arch for arch in st.zoo if f"\n| {arch} |" in section}
+    assert candidates and candidates == table_rows, (candidates, table_rows)
+
+
+def test_a_timed_out_architecture_leaves_no_process_behind(tmp_path):
+    """`pipeline run` supervises its stage in a child process: a timeout must kill the grandchild too (it held the run
+    folder's lock and the cores after its row said timeout)."""
+    import os
+    import sys
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    child = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()")
+    out, err = conformance.run_group([sys.executable, "-c", child], dict(os.environ), timeout=3)
+    assert "timeout after 3s" in err
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {grandchild} outlived the timeout")

@@ -11,13 +11,16 @@ more than conformance.max_marked_share of executed rows is MARKED near chance (c
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.markup import escape
@@ -35,23 +38,46 @@ CONFIG = ROOT / "configs" / "conformance.yaml"
 BASE_NAME = "config.base.yaml"      # conformance.yaml without its own section: what each architecture runs with
 
 
-def load_settings(path: Path = CONFIG) -> tuple[dict, dict[str, list[str]], tuple[str, ...], float]:
-    """configs/conformance.yaml -> (the stages' config without its `conformance` section, architecture ->
-    overrides, the fast slice, max_marked_share)."""
+@dataclass(frozen=True)
+class Settings:
+    base: dict                      # the stages' config: conformance.yaml without its `conformance` section
+    zoo: dict[str, list[str]]       # architecture -> its recipe as -o overrides
+    fast: tuple[str, ...]           # what `make test` runs end to end
+    max_marked_share: float
+
+
+def load_settings(path: Path = CONFIG) -> Settings:
+    """configs/conformance.yaml, its `conformance` section validated as any config is (load_config: unknown keys,
+    types, the stage sections too); read when the command runs, never at import."""
+    from pipeline.core import safe_yaml
+    from pipeline.core.config import load_config
     from pipeline.core.errors import ConfigError
 
-    base = yaml.safe_load(path.read_text()) or {}
-    own = base.pop("conformance", None) or {}
-    zoo = own.get("zoo") or {}
-    if not zoo or not all(isinstance(v, dict) for v in zoo.values()):
-        raise ConfigError(f"{path}: conformance.zoo must map each architecture to its overrides",
-                          hint="e.g. 'lcnet: {model.name: lcnet, data.channels: 3}'")
+    own = load_config([path]).conformance
+    if not own.zoo:
+        raise ConfigError(f"{path}: conformance.zoo names no architecture",
+                          hint="map each architecture to its recipe, e.g. 'lcnet: {model.name: lcnet, data.channels: 3}'")
+    if unknown := [a for a in own.fast if a not in own.zoo]:
+        raise ConfigError(f"{path}: conformance.fast names {', '.join(unknown)}, not in conformance.zoo",
+                          hint=f"choose from {', '.join(own.zoo)}")
+    base = dict(safe_yaml.read(path) or {})
+    base.pop("conformance", None)
     fmt = lambda v: v if isinstance(v, str) else json.dumps(v)
-    overrides = {arch: [f"{k}={fmt(v)}" for k, v in recipe.items()] for arch, recipe in zoo.items()}
-    return base, overrides, tuple(own.get("fast") or ()), float(own.get("max_marked_share", 0.05))
+    zoo = {arch: [f"{k}={fmt(v)}" for k, v in recipe.items()] for arch, recipe in own.zoo.items()}
+    return Settings(base, zoo, tuple(own.fast), own.max_marked_share)
 
 
-_BASE, ZOO, FAST, MAX_MARKED_SHARE = load_settings()
+@functools.cache
+def settings() -> Settings:
+    return load_settings()
+
+
+def __getattr__(name: str):
+    """ZOO, FAST, MAX_MARKED_SHARE: the default config's, read on first use."""
+    fields = {"ZOO": "zoo", "FAST": "fast", "MAX_MARKED_SHARE": "max_marked_share"}
+    if name in fields:
+        return getattr(settings(), fields[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _headline(gate: dict) -> tuple[str, str]:
@@ -107,10 +133,26 @@ def _tail(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
-def run_arch(arch: str, root: Path, extra: list[str], timeout: float, force: bool = False) -> list[Row]:
+def run_group(cmd: list[str], env: dict, timeout: float) -> tuple[str, str]:
+    """(stdout, stderr) of cmd in its own process group; on timeout the whole group is killed. `python -m pipeline
+    run` is a supervisor over the stage process: killing only the supervisor left the stage running on, holding the
+    run folder's lock and the cores (a timed-out mobilenet_v2 server stage finished 10 minutes after its row said
+    timeout)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return out, f"{err}\ntimeout after {timeout:g}s"
+
+
+def run_arch(arch: str, recipe: list[str], root: Path, extra: list[str], timeout: float, force: bool = False) -> list[Row]:
     """One architecture, isolated: its own subprocess, run folder and logs. Stages whose fingerprint (config, inputs,
     code, CPU kernels) is unchanged are reused, trained weights included; force re-runs every one."""
-    overrides = [*ZOO[arch], f"run.root={root}", f"run.name={arch}", f"bundle.root={root / 'bundles'}",
+    overrides = [*recipe, f"run.root={root}", f"run.name={arch}", f"bundle.root={root / 'bundles'}",
                  "bundle.version=conformance", "run.quiet=true", *extra]
     cmd = [sys.executable, "-m", "pipeline", "run", "all", *(["--force"] if force else []), "-c", str(root / BASE_NAME)]
     for o in overrides:
@@ -123,11 +165,7 @@ def run_arch(arch: str, root: Path, extra: list[str], timeout: float, force: boo
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-        out, err = proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        out, err = str(exc.stdout or ""), f"{exc.stderr or ''}\ntimeout after {timeout:g}s"
+    out, err = run_group(cmd, env, timeout)
     atomic_write_text(log_dir / "run.log", f"$ {' '.join(cmd)}\n{out}\n--- stderr ---\n{err}")
     rows = _stage_rows(arch, log_dir, _tail(err))
     chain_ok = all(r.verdict in (*rules.PASSING, rules.MARKED) for r in rows)
@@ -198,20 +236,21 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
         max_marked_share: float | None = None) -> tuple[list[Row], int]:
     from pipeline.core.errors import ConfigError
 
-    unknown = [m for m in models if m not in ZOO]
+    st = settings()
+    unknown = [m for m in models if m not in st.zoo]
     if unknown:
-        raise ConfigError(f"unknown conformance architecture(s): {', '.join(unknown)}", hint=f"choose from {', '.join(ZOO)}")
-    share = MAX_MARKED_SHARE if max_marked_share is None else max_marked_share
+        raise ConfigError(f"unknown conformance architecture(s): {', '.join(unknown)}", hint=f"choose from {', '.join(st.zoo)}")
+    share = st.max_marked_share if max_marked_share is None else max_marked_share
     if not 0 <= share <= 1:
         raise ConfigError(f"max marked share {share:g} is not a share of rows", hint="pass a value from 0 to 1, e.g. 0.05")
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(root / BASE_NAME, yaml.safe_dump(_BASE, sort_keys=False))
+    atomic_write_text(root / BASE_NAME, yaml.safe_dump(st.base, sort_keys=False))
     rows: list[Row] = []
     t0 = time.perf_counter()
     for arch in models:
         print(f"[conformance] {arch} ...", file=sys.stderr, flush=True)
-        rows += run_arch(arch, root, list(extra or []), timeout, force)
+        rows += run_arch(arch, st.zoo[arch], root, list(extra or []), timeout, force)
     standings = _standings(models, root)
     counts = rules.verdict_counts(rows)
     code, why = rules.verdict(counts, share)
@@ -233,15 +272,16 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
 def main(args) -> int:
     from pipeline.core.config import split_overrides
 
-    models = [m for part in (args.models or []) for m in part.split(",") if m] or list(FAST if args.fast else ZOO)
+    st = settings()
+    models = [m for part in (args.models or []) for m in part.split(",") if m] or list(st.fast if args.fast else st.zoo)
     return run(models, Path(args.root), [*args.override, *split_overrides(args.overrides)], args.timeout, args.force,
                args.max_marked_share)[1]
 
 
 def register(sub) -> None:
     p = sub.add_parser("conformance", help="whole chain over the architecture zoo; prints the verdict matrix")
-    p.add_argument("--models", action="append", help=f"comma-separated subset of: {', '.join(ZOO)}")
-    p.add_argument("--fast", action="store_true", help=f"only {', '.join(FAST)} (what make test runs)")
+    p.add_argument("--models", action="append", help="comma-separated subset of conformance.zoo in configs/conformance.yaml")
+    p.add_argument("--fast", action="store_true", help="only conformance.fast (what make test runs)")
     p.add_argument("--root", default=str(ROOT / "runs" / "conformance"), help="run folders and results go here")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every architecture (repeatable)")
@@ -251,6 +291,6 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="re-run every stage (default: reuse those whose fingerprint "
                    "is unchanged, trained weights included)")
     p.add_argument("--max-marked-share", type=float, default=None, metavar="SHARE",
-                   help=f"fail above this share of executed rows MARKED near chance (default: configs/conformance.yaml, "
-                        f"{MAX_MARKED_SHARE:g})")
+                   help="fail above this share of executed rows MARKED near chance (default: "
+                        "conformance.max_marked_share in configs/conformance.yaml)")
     p.set_defaults(func=main)
