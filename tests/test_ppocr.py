@@ -498,3 +498,33 @@ def test_limit_spec_refuses_validation_pages_the_rule_would_resize():
     assert task.preprocess_spec({"height": 736, "width": 768}, {})["limit_type"] == "min"
     with pytest.raises(ConfigError, match="resizes the 640x640 validation pages to 736x736"):
         task.preprocess_spec({"height": 640, "width": 640}, {})
+
+
+def test_rec_bucket_pads_batch_widths_to_its_multiples_and_0_keeps_paddleocrs():
+    """system.rec_bucket (issue 48): a rec batch's width rounded up to a multiple (fewer distinct input shapes);
+    0 is PaddleOCR's width, the widest crop's aspect at the rec height."""
+    import dataclasses
+
+    from pipeline.ocr.system import FLOW_DEFAULTS, SystemSpec, recognize_crops
+
+    assert ppocr.bucketed_width(321, 64) == 384 and ppocr.bucketed_width(320, 64) == 320
+    assert ppocr.bucketed_width(321, 0) == 321
+
+    class Rec:
+        kind, input_shape, widths = "stub", [-1, 3, 48, -1], []
+
+        def run(self, x):
+            self.widths.append(x.shape[3])
+            out = np.zeros((len(x), x.shape[3] // 8, 3), np.float32)
+            out[..., 0] = 1.0
+            return out
+
+    crops = [np.full((48, w, 3), 255, np.uint8) for w in (100, 350, 700)]
+    spec = SystemSpec({}, {}, {"height": 48, "width": 320}, {"charset": ["a", "b"]}, None,
+                      {**FLOW_DEFAULTS, "rec_batch_num": 1})
+    rec = Rec()
+    recognize_crops(crops, rec, spec)
+    assert sorted(rec.widths) == [320, 350, 700]
+    rec.widths.clear()
+    recognize_crops(crops, rec, dataclasses.replace(spec, flow={**spec.flow, "rec_bucket": 128}))
+    assert sorted(rec.widths) == [384, 384, 768]

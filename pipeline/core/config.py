@@ -406,6 +406,7 @@ class SystemCfg(Section):
     retry_scale: float = Field(ge=0, lt=1)
     turn_check: bool
     det_bucket: int = Field(ge=0)
+    rec_bucket: int = Field(ge=0)
 
     @field_validator("pin")
     @classmethod

@@ -123,6 +123,13 @@ def batch_width(crops: list[np.ndarray], idx: np.ndarray, height: int, base_widt
     return int(height * ratio)
 
 
+def bucketed_width(width: int, bucket: int) -> int:
+    """A rec batch's input width rounded up to a multiple of `bucket` (0: unchanged): fewer distinct widths, so a
+    runtime that prepares kernels per input shape (OpenVINO) reuses them; the extra columns are resize_norm's zero
+    padding, as a batch's narrower crops already get."""
+    return width if bucket <= 0 else -(-width // bucket) * bucket
+
+
 def page_from_pil(img) -> np.ndarray:
     """A decoded PIL image → uint8 [H, W, 3] BGR, converted as pipeline/imagedecode does (transparency on white)."""
     from pipeline.data.imagedecode import to_mode

@@ -30,7 +30,7 @@ from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 # RapidOCR's page steps (ppocr.prepare_page) and the empty-page retry are off unless configured
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
                  "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
-                 "retry_scale": 0.0, "turn_check": False, "det_bucket": 0}
+                 "retry_scale": 0.0, "turn_check": False, "det_bucket": 0, "rec_bucket": 0}
 
 
 def set_opencv_threads(threads: int) -> int:
@@ -226,10 +226,11 @@ def recognize_pages(crop_sets: list[list[np.ndarray]], rec, spec: SystemSpec,
     runs exactly as PaddleOCR's batches). → per page (texts, scores) in input order."""
     height, base = int(spec.rec_pre["height"]), int(spec.rec_pre["width"])
     dynamic, n = int(rec.input_shape[-1]) <= 0, int(spec.flow["rec_batch_num"])
+    bucket = int(spec.flow.get("rec_bucket", 0))
     by_width: dict[int, list[tuple[int, int]]] = {}
     for p, crops in enumerate(crop_sets):
         for idx in ppocr.width_batches(crops, n):
-            width = ppocr.batch_width(crops, idx, height, base) if dynamic else base
+            width = ppocr.bucketed_width(ppocr.batch_width(crops, idx, height, base), bucket) if dynamic else base
             by_width.setdefault(width, []).extend((p, int(i)) for i in idx)
     out = [([""] * len(c), [0.0] * len(c)) for c in crop_sets]
     step = max(int(max_crops), n)      # only the last batch of a page is partial: chunks keep batches whole
