@@ -87,11 +87,24 @@ def read_only(args) -> bool:
 
 
 def _systems(args, warmup) -> dict:
-    systems = {"ours": Ours(args), REF: Rapid()}
-    if args.rapid3_python:
-        worker = Rapid3Worker(args.rapid3_python, ("openvino-f32", "openvino"), rapid_models(), warmup=warmup)
-        systems.update(rapid3_f32=Rapid3(worker, "openvino-f32"), rapid3_shipped=Rapid3(worker, "openvino"))
-    return systems
+    return {"ours": Ours(args), REF: Rapid(), **_rapid3(args, warmup)}
+
+
+def _rapid3(args, warmup, threads: int = 1) -> dict:
+    """RapidOCR 3.10's two OpenVINO peers (f32 forced, as shipped) in one worker, when its venv is given; threads 0:
+    its own thread settings."""
+    if not args.rapid3_python:
+        return {}
+    worker = Rapid3Worker(args.rapid3_python, ("openvino-f32", "openvino"), rapid_models(), warmup=warmup,
+                          threads=threads)
+    return {"rapid3_f32": Rapid3(worker, "openvino-f32"), "rapid3_shipped": Rapid3(worker, "openvino")}
+
+
+def _close(systems: dict) -> None:
+    """Our engines and the RapidOCR 3.10 worker (shared by its two peers)."""
+    if "rapid3_f32" in systems:
+        systems["rapid3_f32"].worker.close()
+    systems["ours"].close()
 
 
 def _score(systems: dict, pages: dict, got: dict) -> tuple[list, dict]:
@@ -118,9 +131,7 @@ def run(args) -> dict:
         rows, per = _score(systems, pages, got)
         served = systems["ours"].served()
     finally:
-        if "rapid3_f32" in systems:
-            systems["rapid3_f32"].worker.close()
-        systems["ours"].close()
+        _close(systems)
     total = sum(r["ref_lines"] for r in rows)
     known = sum(r["known"] for r in rows)
     out = {n: {"label": s.label, "pages_per_s": len(timed) / t[n], "same": per[n]["same"],
@@ -141,20 +152,14 @@ def all_cores(args, pages: dict, ours_one: dict, ref: dict, ref_lines: int) -> d
     from pipeline.core.env import cpu_count
 
     cores = args.cores or cpu_count()
-    systems = {"ours": OursLanes(args, cores)}
-    if args.rapid3_python:
-        worker = Rapid3Worker(args.rapid3_python, ("openvino-f32", "openvino"), rapid_models(),
-                              warmup=pages[warmup_name(pages)], threads=0)
-        systems.update(rapid3_f32=Rapid3(worker, "openvino-f32"), rapid3_shipped=Rapid3(worker, "openvino"))
+    systems = {"ours": OursLanes(args, cores), **_rapid3(args, pages[warmup_name(pages)], threads=0)}
     try:
         # two halves, the systems' order rotating: blocks of one page per lane would time every block at its slowest
         # page (a lane idles until its neighbour's bigger page is read); a half keeps the lanes fed as a stream does
         block = max(cores, -(-(len(pages) - 1) // 2))
         got, t, timed = interleaved_blocks(systems, pages, block)
     finally:
-        if "rapid3_f32" in systems:
-            systems["rapid3_f32"].worker.close()
-        systems["ours"].close()
+        _close(systems)
     same = {n: sum(_agreement(got[n][i], ref[i]) for i in pages) for n in systems}
     return {"cores": cores, "timed": len(timed), "block": block,
             "ours_differ_from_1_thread": [i for i in pages if got["ours"][i] != ours_one[i]],

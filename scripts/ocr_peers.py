@@ -265,9 +265,10 @@ def pages_of(system, imgs: list[np.ndarray]) -> tuple[list[list], float]:
 
 
 def interleaved_blocks(systems: dict, pages: dict, block: int) -> tuple[dict, dict, list]:
-    """interleaved() at every core: after the one warm-up page, the timed pages in blocks of `block` (the cores), each
-    system reading a whole block (lanes read it side by side), the systems in a rotating order per block."""
-    set_threads()           # in this process: our lanes, each one thread (the peers run in their own processes)
+    """After the one warm-up page (read once by every system, scored, never timed), the timed pages in blocks of
+    `block`, each system reading a whole block (lanes read it side by side), the systems in a rotating order per
+    block; the results as interleaved() returns them."""
+    set_threads()           # OpenCV at the engines' one thread (our lanes each one thread; RapidOCR 3.10 has its own process)
     warm = warmup_name(pages)
     names = list(systems)
     got, t = {n: {} for n in names}, {n: 0.0 for n in names}
@@ -288,20 +289,8 @@ def interleaved(systems: dict, pages: dict) -> tuple[dict, dict, list]:
     """Every system reads the one warm-up page (warmup_name) once, then the other pages page by page in a rotating
     order (each goes first as often), so a neighbour's load on a shared machine hits all alike:
     {system: {image: lines}} (the warm-up page's reading included: it is scored, not timed), {system: seconds of the
-    timed pages}, the timed pages' names."""
-    set_threads()
-    warm = warmup_name(pages)
-    names = list(systems)
-    got, t = {n: {} for n in names}, {n: 0.0 for n in names}
-    for n, s in systems.items():
-        got[n][warm] = s.warm(pages[warm]) if hasattr(s, "warm") else s.page(pages[warm])[0]
-    timed = [i for i in pages if i != warm]
-    for k, image in enumerate(timed):
-        for n in names[k % len(names):] + names[:k % len(names)]:
-            got[n][image], dt = systems[n].page(pages[image])
-            t[n] += dt
-    got = {n: {i: got[n][i] for i in pages} for n in names}        # the folder's order
-    return got, t, timed
+    timed pages}, the timed pages' names. interleaved_blocks with blocks of one page."""
+    return interleaved_blocks(systems, pages, 1)
 
 
 def agreement(a: list, b: list) -> int:

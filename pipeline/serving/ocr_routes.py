@@ -96,9 +96,11 @@ class _LaneRunner:
     per lane on its own thread), up to `lanes` pages at once; the recogniser is not shared, so nothing coalesces."""
 
     def __init__(self, lanes, max_boxes: int = 0):
+        from pipeline.serving.batching import decide
+
         self.lanes, self.max_boxes, self.coalescer = lanes, max_boxes, None
         self.free = asyncio.Semaphore(lanes.lanes)        # a page is submitted only when a lane is free
-        self.batching = {"mode": "off", "enabled": False, "max_batch": 1, "max_wait_ms": 0.0,
+        self.batching = {**decide(None, None, {"mode": "off"}),
                          "reason": f"{lanes.lanes} lanes (serve.ocr_lanes): each page is read whole on its own "
                                    "engine set, side by side"}
 
