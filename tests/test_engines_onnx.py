@@ -206,12 +206,13 @@ def test_trimmed_engines_still_answer_the_same(tiny, kind, monkeypatch):
 
     model = tiny["prefix"] if kind == "paddle-inference" else tiny["onnx"]
     eng = registry.make(kind, model, "fp32", threads=1)
-    before = eng.run_batched(tiny["x"], 16)
+    before, one = eng.run_batched(tiny["x"], 16), eng.run(tiny["x"][:1])
     eng.trim()
     monkeypatch.setattr(ort_engine, "SHRINK_INPUT_BYTES", 1)        # every run counts as large
     after = eng.run_batched(tiny["x"], 16)
     eng.trim()
-    assert np.array_equal(before, after) and np.array_equal(eng.run(tiny["x"][:1]), before[:1])
+    # batch 1 against batch 1: oneDNN's batch-1 and batch-16 kernels may round differently (under SSE41 they do)
+    assert np.array_equal(before, after) and np.array_equal(eng.run(tiny["x"][:1]), one)
 
 
 def test_settle_memory_trims_every_kept_engine():
