@@ -253,3 +253,36 @@ def test_the_signs_3f_counts_whatever_glyph_its_bracket_is_read_as():
         assert not peers.known(name, [missed, "轻运动健"]), missed
     assert peers.known("ch_en_num.jpg", ["正品促销", "大桶装更划算", "强力去污符合国标"])
     assert not peers.known("ch_en_num.jpg", ["正品促销"])
+
+
+def _run_json(bench, got, texts, seconds, labels):
+    """What one per-bundle child writes (run()'s payload): its summary plus the raw lines."""
+    res = bench.summarize(got, texts, seconds)
+    res["raw"] = {"got": {n: {i: [[b, t] for b, t in v] for i, v in g.items()} for n, g in got.items()},
+                  "texts": texts, "seconds": seconds, "timed": list(next(iter(got.values())))}
+    return {**res, "labels": labels, "served": {}}
+
+
+def test_each_bundle_in_its_own_run_keeps_that_runs_ratios(bench):
+    """isolated() merges per-bundle runs (issue 48): each system's pages/s and ratio to RapidOCR 3.10 as shipped are
+    those of its own run (the base timed beside it), the lines matrix spans every run, the base row is the first run's;
+    the same-model control targets judge ours-v5 against rapid3-on-v5 from the v5 run."""
+    got, texts, seconds = _pass(bench)
+    base = bench.BASE
+    v4 = _run_json(bench, {k: got[k] for k in ("ours-v4", base)}, {k: texts[k] for k in ("ours-v4", base)},
+                   {"ours-v4": 1.0, base: 2.0}, {"ours-v4": "v4", base: "shipped"})
+    got5 = {k: got[k] for k in ("ours-v5", base)}
+    got5["rapid3-on-v5"] = got["ours-v4"]          # the f32 control reads the reference lines
+    texts5 = {k: texts[k] for k in ("ours-v5", base)}
+    texts5["rapid3-on-v5"] = texts["ours-v4"]
+    v5 = _run_json(bench, got5, texts5, {"ours-v5": 1.0, base: 3.0, "rapid3-on-v5": 0.8},
+                   {"ours-v5": "v5", base: "shipped (v5 run)", "rapid3-on-v5": "control"})
+    res, labels, _ = bench.merge([v4, v5], ["ours-v4", "ours-v5"])
+    s = res["systems"]
+    assert s["ours-v4"]["vs_base"] == pytest.approx(2.0)         # against the base of the v4 run
+    assert s["ours-v5"]["vs_base"] == pytest.approx(3.0)         # against the base of its own run, not the v4 run's
+    assert s[base]["seconds"] == pytest.approx(2.0) and labels[base] == "shipped"
+    assert res["same"]["ours-v4"]["ours-v5"] == 1 and res["runs"] == 2
+    got_t = {what: (v, ok) for what, v, _, ok in bench.targets(res)}
+    assert got_t["ours-v5 / rapid3-on-v5 pages/s (same models, same resize)"] == (pytest.approx(0.8), False)
+    assert got_t["ours-v5: lines identical to rapid3-on-v5's, share of its lines"] == (pytest.approx(0.25), False)

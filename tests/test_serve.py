@@ -405,7 +405,7 @@ def test_ocr_engine_fault_is_500_in_one_line_and_head_health_is_200():
 
 def test_ocr_lanes_read_concurrent_pages_side_by_side_as_one_lane_does():
     """serve.ocr_lanes=2: two requests in flight run on two engine sets at once (each on its own thread), and every
-    answer is what one lane gives; /health says batching is off because of the lanes."""
+    answer is what one lane gives; /health says batching is off because of the lanes; shutdown closes the lanes."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -433,14 +433,21 @@ def test_ocr_lanes_read_concurrent_pages_side_by_side_as_one_lane_does():
                        "std": [0.5] * 3}, {"thresh": 0.3, "box_thresh": 0.5, "unclip_ratio": 1.5,
                                            "max_candidates": 1000},
                       {"height": 48, "width": 320}, {"charset": ["a", "b"]})
-    lanes = PageLanes(lambda: (SlowDet(7), _StubRec(), None, spec), 2)
+    closed = []
+
+    class ClosedRec(_StubRec):
+        def close(self):
+            closed.append(self)
+
+    lanes = PageLanes(lambda: (SlowDet(7), ClosedRec(), None, spec), 2)
     app = create_ocr_app(lanes.sets[0], {}, log_requests=False, max_boxes=0, lanes=lanes)
     with TestClient(app) as client:
         post = lambda _: client.post("/ocr", content=_page_png(), headers={"content-type": "image/png"}).json()
         with ThreadPoolExecutor(4) as ex:
             answers = list(ex.map(post, range(4)))
         health = client.get("/health").json()
-    lanes.close()
+        assert not closed
+    assert len(closed) == 2                                       # the app's shutdown closed both lanes' engines
     assert most[0] == 2                                           # side by side, never more than the lanes
     assert all(a["lines"] == answers[0]["lines"] and len(a["lines"]) == 7 for a in answers)
     assert health["batching"]["enabled"] is False and "2 lanes" in health["batching"]["reason"]

@@ -205,9 +205,10 @@ def _error_response(exc: _BadRequest):
 
 def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_requests: bool,
              log_summary_s: float = 60.0, max_body: int = MAX_BODY_BYTES,
-             request_timeout_s: float | None = REQUEST_TIMEOUT_S):
+             request_timeout_s: float | None = REQUEST_TIMEOUT_S, on_shutdown=()):
     """The FastAPI app every service here starts from: the predictor pool and the prep pool (app.state.prep:
-    decoding and pre/post-processing off the event loop) closed at shutdown, the concurrency limit and the
+    decoding and pre/post-processing off the event loop) closed at shutdown, then each on_shutdown callable (e.g. the
+    OCR lanes' threads and engines), the concurrency limit and the
     per-request time budget, request timing/logging (per request, or a summary line per log_summary_s seconds
     of traffic), HEAD on GET routes, and errors answered as {"error": ...}. Routes are added by the caller."""
     from fastapi import FastAPI
@@ -224,6 +225,8 @@ def base_app(name: str, pool: ThreadPoolExecutor, *, max_concurrency: int, log_r
         traffic.flush()
         prep.shutdown(wait=True)
         pool.shutdown(wait=True)
+        for close in on_shutdown:
+            close()
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request (~10 % of a /predict
     # here, measured with cProfile); nothing configures OpenTelemetry in these services, so it is off.

@@ -116,7 +116,8 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
                    lanes=None):
     """/ocr for a loaded system: (det, rec, cls or None, spec) engines, and the system bundle's infer config;
     limits and batching as in predict.create_app_from_model; max_boxes: boxes read per page (0: all).
-    lanes: a PageLanes whose first engine set is `system` (serve.ocr_lanes > 1), else pages one at a time.
+    lanes: a PageLanes whose first engine set is `system` (serve.ocr_lanes > 1; closed when the app shuts down),
+    else pages one at a time.
     serving/app.py loads the system from its bundle."""
     from pipeline.core import env
     from pipeline.serving.batching import DEFAULTS
@@ -128,7 +129,7 @@ def create_ocr_app(system: tuple, cfg: dict, *, max_body: int = MAX_BODY_BYTES, 
         _PageRunner(det, rec, cls, spec, pool, DEFAULTS if batching is None else batching, max_concurrency, max_boxes)
 
     app = base_app(name, pool, max_concurrency=max_concurrency, log_requests=log_requests, max_body=max_body,
-                   request_timeout_s=request_timeout_s)
+                   request_timeout_s=request_timeout_s, on_shutdown=[lanes.close] if lanes is not None else [])
 
     # per part: the engine and precision that run, and why (recommended / pinned / re-ranked for this CPU)
     served = {role: getattr(e, "serving", None) or {"engine": e.kind, "precision": e.effective_precision}
