@@ -86,7 +86,7 @@ def _run(args) -> int:
     names = catalogue.expand(args.stages, cfg.task)       # refuses unknown / inapplicable stages in one line
     layout = plan(cfg, nnodes=args.nnodes, master=args.master, node_rank=args.node_rank) if "train" in names else None
     if layout is None or not layout.needs_launch or len(names) > 1:
-        env.import_paddle_quietly(trains=_trains(cfg, names))   # a launcher of ranks does not need paddle itself
+        env.import_paddle_quietly(trains=_trains(cfg, names, layout))   # a launcher of ranks does not need paddle itself
     return run_stages(cfg, names, force=args.force, layout=layout, summary_json=args.summary_json)[1]
 
 
@@ -110,9 +110,13 @@ def _run_system(args, cfg) -> int:
     return run_system(cfg, args.stages, args.force, run_system_stages, run_part)
 
 
-def _trains(cfg, names: list[str]) -> bool:
-    """Whether these stages train in this process (an imported model's `train` stage only loads and checks it)."""
-    return "train" in names and cfg.model.source not in ("inference", "pir", "onnx")
+def _trains(cfg, names: list[str], layout=None) -> bool:
+    """Whether these stages train in this process (an imported model's `train` stage only loads and checks it; a
+    launcher of ranks trains nothing itself). A launcher probed as a trainer chose ACTIVE on a quiet host, and Intel
+    OpenMP's ACTIVE threads never sleep: its idle team spun in sched_yield beside its ranks and through every later
+    stage (make conformance: 550 s of system time, 239 M involuntary context switches in 24.7 min)."""
+    launched = layout is not None and layout.needs_launch
+    return "train" in names and cfg.model.source not in ("inference", "pir", "onnx") and not launched
 
 
 def _stages(args) -> int:

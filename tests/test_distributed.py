@@ -141,6 +141,9 @@ def test_a_process_that_trains_nothing_waits_passively(tmp_path):
     assert _trains(tiny_cfg(), ["train", "export"]) and not _trains(tiny_cfg(), ["export", "server"])
     imported = SimpleNamespace(model=SimpleNamespace(source="inference"))
     assert not _trains(imported, ["train", "export"])       # an import's train stage only loads and checks
+    ranks = SimpleNamespace(needs_launch=True)               # `run all` with nproc 2: the ranks train, not this process
+    assert not _trains(tiny_cfg(), ["train", "export"], ranks)
+    assert _trains(tiny_cfg(), ["train", "export"], SimpleNamespace(needs_launch=False))
 
 
 def test_lr_scaling_is_explicit():

@@ -262,7 +262,9 @@ def write_archive(folder: Path, archive: Path) -> None:
     ordinary_mode(fd)
     os.close(fd)
     try:
-        with tarfile.open(tmp, "w:gz") as tf:
+        # gzip level 6 (gzip's own default), not tarfile's 9: model weights barely compress, and 9 took 60 s for a
+        # 333 MB resnet18 bundle (262 MB) where 6 takes 13 s (276 MB)
+        with tarfile.open(tmp, "w:gz", compresslevel=6) as tf:
             tf.add(folder, arcname=folder.name, recursive=True)
         os.replace(tmp, archive)
     except BaseException:
