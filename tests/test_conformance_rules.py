@@ -220,3 +220,30 @@ def test_a_timed_out_architecture_leaves_no_process_behind(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"grandchild {grandchild} outlived the timeout")
+
+
+def test_architectures_side_by_side_keep_the_zoo_order(monkeypatch):
+    """conformance.jobs chains at a time, started in the zoo's order (longest first), rows reported in that order
+    whatever order they finish in; jobs 1 runs one at a time."""
+    import threading
+    import time
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def fake_run_arch(arch, recipe, root, extra, timeout, force):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep({"long": 0.3, "mid": 0.2, "short": 0.05}[arch])
+        with lock:
+            running[0] -= 1
+        return [rules.Row(arch, "chain (wall time)", "OK")]
+
+    monkeypatch.setattr(conformance, "run_arch", fake_run_arch)
+    zoo = {"long": [], "mid": [], "short": []}
+    rows = conformance.run_side_by_side(list(zoo), zoo, None, [], 10, False, jobs=2)
+    assert [r[0].arch for r in rows] == ["long", "mid", "short"] and peak[0] == 2
+    peak[0] = 0
+    conformance.run_side_by_side(list(zoo), zoo, None, [], 10, False, jobs=1)
+    assert peak[0] == 1
+    assert conformance.load_settings().jobs >= 1

@@ -434,6 +434,7 @@ class RegressionCfg(Section):
 class ConformanceCfg(Section):
     """`make conformance`'s own settings (pipeline/nightly/conformance.py): read by the driver, never by a stage."""
     max_marked_share: float = Field(ge=0.0, le=1.0)
+    jobs: int = Field(ge=1, le=64)      # architectures run side by side
     zoo: dict[str, dict[str, Any]]
     fast: list[str]
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class Settings:
     zoo: dict[str, list[str]]       # architecture -> its recipe as -o overrides
     fast: tuple[str, ...]           # what `make test` runs end to end
     max_marked_share: float
+    jobs: int = 1                   # architectures run side by side
 
 
 def load_settings(path: Path = CONFIG) -> Settings:
@@ -64,7 +66,7 @@ def load_settings(path: Path = CONFIG) -> Settings:
     base.pop("conformance", None)
     fmt = lambda v: v if isinstance(v, str) else json.dumps(v)
     zoo = {arch: [f"{k}={fmt(v)}" for k, v in recipe.items()] for arch, recipe in own.zoo.items()}
-    return Settings(base, zoo, tuple(own.fast), own.max_marked_share)
+    return Settings(base, zoo, tuple(own.fast), own.max_marked_share, own.jobs)
 
 
 @functools.cache
@@ -232,8 +234,26 @@ def _standings(models: list[str], root: Path) -> dict[str, str]:
     return lines
 
 
+def run_side_by_side(models: list[str], zoo: dict[str, list[str]], root: Path, extra: list[str], timeout: float,
+                     force: bool, jobs: int) -> list[list[Row]]:
+    """Each architecture's rows, in the order of models, with up to `jobs` chains running at once (started in that
+    order: the zoo lists the longest first, so the short ones fill in at the end). A chain's verdicts do not depend
+    on what runs beside it: threads per process follow the layout, never the load (docs/training.md); its times do.
+    One chain leaves a core idle outside training (export, server rows, Lite, bundle, verify run one process), which
+    a second chain fills: docs/conformance.md."""
+    def one(arch: str) -> list[Row]:
+        print(f"[conformance] {arch} ...", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        rows = run_arch(arch, zoo[arch], root, extra, timeout, force)
+        print(f"[conformance] {arch} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        return rows
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(models)))) as pool:
+        return list(pool.map(one, models))
+
+
 def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: float = 1800, force: bool = False,
-        max_marked_share: float | None = None) -> tuple[list[Row], int]:
+        max_marked_share: float | None = None, jobs: int | None = None) -> tuple[list[Row], int]:
     from pipeline.core.errors import ConfigError
 
     st = settings()
@@ -246,15 +266,16 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / BASE_NAME, yaml.safe_dump(st.base, sort_keys=False))
-    rows: list[Row] = []
+    jobs = st.jobs if jobs is None else jobs
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: at least one architecture must run at a time", hint="pass --jobs 1 or more")
     t0 = time.perf_counter()
-    for arch in models:
-        print(f"[conformance] {arch} ...", file=sys.stderr, flush=True)
-        rows += run_arch(arch, st.zoo[arch], root, list(extra or []), timeout, force)
+    rows = [r for arch_rows in run_side_by_side(models, st.zoo, root, list(extra or []), timeout, force, jobs)
+            for r in arch_rows]
     standings = _standings(models, root)
     counts = rules.verdict_counts(rows)
     code, why = rules.verdict(counts, share)
-    write_json(root / "conformance.json", {"models": models, "extra_overrides": list(extra or []),
+    write_json(root / "conformance.json", {"models": models, "extra_overrides": list(extra or []), "jobs": jobs,
                                            "max_marked_share": share, "standings": standings, "counts": counts,
                                            "seconds": round(time.perf_counter() - t0, 1),
                                            "rows": [asdict(r) for r in rows]})
@@ -262,7 +283,7 @@ def run(models: list[str], root: Path, extra: list[str] | None = None, timeout: 
     render(rows)
     for arch, line in standings.items():
         print(f"{arch}: {line}", file=sys.stderr)
-    print(f"conformance: {len(models)} architectures, {len(rows)} rows in {time.perf_counter() - t0:.0f} s: "
+    print(f"conformance: {len(models)} architectures ({jobs} at a time), {len(rows)} rows in {time.perf_counter() - t0:.0f} s: "
           f"{rules.counts_line(counts)}; results in {root / 'conformance.md'}", file=sys.stderr)
     if why:
         print(f"conformance failed: {why}", file=sys.stderr)
@@ -275,7 +296,7 @@ def main(args) -> int:
     st = settings()
     models = [m for part in (args.models or []) for m in part.split(",") if m] or list(st.fast if args.fast else st.zoo)
     return run(models, Path(args.root), [*args.override, *split_overrides(args.overrides)], args.timeout, args.force,
-               args.max_marked_share)[1]
+               args.max_marked_share, args.jobs)[1]
 
 
 def register(sub) -> None:
@@ -288,6 +309,8 @@ def register(sub) -> None:
     p.add_argument("-O", "--overrides", default="", metavar="'K=V K2=V2'",
                    help="several overrides in one string (what `make conformance O=...` passes)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per architecture")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="architectures run side by side (default: conformance.jobs in configs/conformance.yaml)")
     p.add_argument("--force", action="store_true", help="re-run every stage (default: reuse those whose fingerprint "
                    "is unchanged, trained weights included)")
     p.add_argument("--max-marked-share", type=float, default=None, metavar="SHARE",
