@@ -297,7 +297,7 @@ def isolated(args) -> tuple[dict, dict, dict]:
     controls; its own tables printed as it runs), then one summary over every run: the lines are the systems' own
     (deterministic), the pages/s and every ratio to BASE those of the system's own run; BASE's row is the first
     run's."""
-    runs, labels, served = [], {}, {}
+    runs = []
     with tempfile.TemporaryDirectory(prefix="bench_ocr_all_") as tmp:
         for k, bundle in enumerate(args.bundle):
             out = Path(tmp) / f"run{k}.json"
@@ -310,15 +310,15 @@ def isolated(args) -> tuple[dict, dict, dict]:
             if not out.is_file():
                 raise PipelineError(f"bench-ocr-all: the run of {bundle} wrote no results (its error is above)")
             runs.append(json.loads(out.read_text(encoding="utf-8")))
-    return merge(runs, [system_name(Path(b)) for b in args.bundle])
+    return merge(runs)
 
 
-def merge(runs: list[dict], names: list[str]) -> tuple[dict, dict, dict]:
+def merge(runs: list[dict]) -> tuple[dict, dict, dict]:
     """One result from per-bundle runs (each a run()'s JSON): summarize() over every system's lines, then each system's
     pages/s, ratio to BASE and decomposition from its own run. Pure."""
     got, texts, seconds, own = {}, {}, {}, {}
     labels, served = {}, {}
-    for name, r in zip(names, runs):
+    for r in runs:
         raw = r["raw"]
         for n in raw["got"]:
             if n in got:                # BASE and its two siblings ran in every run: the first run's row stands

@@ -277,7 +277,7 @@ def test_each_bundle_in_its_own_run_keeps_that_runs_ratios(bench):
     texts5["rapid3-on-v5"] = texts["ours-v4"]
     v5 = _run_json(bench, got5, texts5, {"ours-v5": 1.0, base: 3.0, "rapid3-on-v5": 0.8},
                    {"ours-v5": "v5", base: "shipped (v5 run)", "rapid3-on-v5": "control"})
-    res, labels, _ = bench.merge([v4, v5], ["ours-v4", "ours-v5"])
+    res, labels, _ = bench.merge([v4, v5])
     s = res["systems"]
     assert s["ours-v4"]["vs_base"] == pytest.approx(2.0)         # against the base of the v4 run
     assert s["ours-v5"]["vs_base"] == pytest.approx(3.0)         # against the base of its own run, not the v4 run's

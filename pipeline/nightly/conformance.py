@@ -242,11 +242,15 @@ def run_side_by_side(models: list[str], zoo: dict[str, list[str]], root: Path, e
     One chain leaves a core idle outside training (export, server rows, Lite, bundle, verify run one process), which
     a second chain fills: docs/conformance.md."""
     def one(arch: str) -> list[Row]:
-        print(f"[conformance] {arch} ...", file=sys.stderr, flush=True)
+        say(f"[conformance] {arch} ...")
         t = time.perf_counter()
         rows = run_arch(arch, zoo[arch], root, extra, timeout, force)
-        print(f"[conformance] {arch} done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        say(f"[conformance] {arch} done in {time.perf_counter() - t:.0f} s")
         return rows
+
+    def say(line: str) -> None:         # one write per line: print() writes the newline apart, and threads interleave
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(models)))) as pool:
         return list(pool.map(one, models))
