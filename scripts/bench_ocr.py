@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, OursLanes, Rapid, Rapid3, Rapid3Worker,  # noqa: F401  (re-exported: tests import the peers from here)
                        agreement as _agreement, interleaved as _interleaved, interleaved_blocks, known as _known,
-                       pages as _pages, cpu, finish, rapid_models, set_threads, texts_of, warmup_name)
+                       pages as _pages, cpu, finish, no_training, rapid_models, set_threads, texts_of, warmup_name)
 from pipeline.core.errors import PipelineError
 
 TARGETS = {"agreement": 0.97, "all_cores_vs_shipped": 1.1}    # issue 48
@@ -251,6 +251,7 @@ def main(argv=None) -> int:
                                                          "1-thread pass only)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    no_training()
     try:
         if args.only_ours:
             return 0 if read_only(args) else 1

@@ -16,6 +16,16 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 
 
+def no_training() -> None:
+    """This process reads pages and trains nothing: Paddle's OpenMP team waits PASSIVE (pipeline/core/env.py's rule
+    for such processes; OMP_WAIT_POLICY set by the user wins). Left at Intel OpenMP's default, the idle team of one
+    system's Paddle Inference engine spun on the core the next system was timed on: ours-v5 read 5.61 pages/s beside
+    its Paddle fp32 chain, 6.47 with PASSIVE (2026-12-07, one pass each)."""
+    from pipeline.core import env
+
+    env.settle_wait_policy(trains=False)
+
+
 def set_threads(n: int | None = None) -> None:
     """OpenCV's pool at the engines' thread count (THREADS): resizing and contour search run in it, inside the timed
     calls."""
