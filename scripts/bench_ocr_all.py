@@ -11,7 +11,9 @@ models, the detector's resize, the precision and the engine. Per bundle two more
                  the bundle) at OUR detector resize and normalisation: the same models and resize as ours-vN;
   ours-vN@rapid: ours as served, at RapidOCR 3.10's resize (limit_type min 736, RAPID3_RESIZE);
   ours-vN-fp32:  ours with every part on its fp32 reference engine (the bundle's own reference chain): the same
-                 code, models and resize as ours-vN, only the precision and engine differ.
+                 code, models and resize as ours-vN, only the precision and engine differ. The lines' reference, not
+                 a competitor: loaded and read in a pass of its own after the timed one, so the timed pass holds the
+                 same engines with or without it.
 so headline = engine ratio (ours-vN / rapid3-on-vN: same models, same resize; ours as served vs RapidOCR f32)
 x configuration ratio (rapid3-on-vN / rapid3: one engine, our models and resize vs its own).
 Timing as scripts/bench_ocr.py: every system reads the same one warm-up page (ocr_peers.WARMUP, never timed), then
@@ -78,9 +80,8 @@ def build(args, warmup=None) -> dict:
 
 
 def controls(args, names: list[str], warmup) -> dict:
-    """Per bundle: "<name>@rapid" (ours as served, detector at RAPID3_RESIZE), "<name>-fp32" (ours, every part on
-    its fp32 reference: the lines the served precisions must keep) and "rapid3-on-<vN>" (RapidOCR 3.10, CONTROL_MODE,
-    on the bundle's fp32 ONNX files at our detector's resize and normalisation; one worker each)."""
+    """Per bundle: "<name>@rapid" (ours as served, detector at RAPID3_RESIZE) and "rapid3-on-<vN>" (RapidOCR 3.10,
+    CONTROL_MODE, on the bundle's fp32 ONNX files at our detector's resize and normalisation; one worker each)."""
     import tempfile
 
     from pipeline.bundle import layout
@@ -93,9 +94,6 @@ def controls(args, names: list[str], warmup) -> dict:
         ours.spec.det_pre = {**ours.spec.det_pre, **RAPID3_RESIZE}
         ours.label += f", detector at RapidOCR's resize ({RAPID3_RESIZE['limit_type']} {RAPID3_RESIZE['limit_side_len']})"
         out[f"{name}@rapid"] = ours
-        ref = Ours(argparse.Namespace(bundle=bundle, engine="reference", pin=None, config=None))
-        ref.label += " (every part's fp32 reference)"
-        out[f"{name}-fp32"] = ref
         spec, _, _ = spec_of(Path(bundle))
         subs = subs_of(Path(bundle), load_infer_config(Path(bundle)))
         if "classifier" not in subs:
@@ -117,6 +115,17 @@ def controls(args, names: list[str], warmup) -> dict:
                    f"({det['limit_type']} {det['limit_side_len']})" + r.label.split(",", 2)[-1].replace(
                        " ONNX Runtime (as shipped)", ""))
         out[f"rapid3-on-{name.removeprefix('ours-')}"] = r
+    return out
+
+
+def references(args) -> dict:
+    """Per bundle "<name>-fp32": ours with every part on its fp32 reference (the lines the served precisions must
+    keep), for a pass of their own after the timed one."""
+    out = {}
+    for bundle in args.bundle:
+        ref = Ours(argparse.Namespace(bundle=bundle, engine="reference", pin=None, config=None))
+        ref.label += " (every part's fp32 reference; read in a pass of its own after the timed one)"
+        out[f"{system_name(Path(bundle))}-fp32"] = ref
     return out
 
 
@@ -293,6 +302,16 @@ def run(args) -> tuple[dict, dict, dict]:
     finally:
         for w in workers(systems):
             w.close()
+    if args.rapid3_python and getattr(args, "controls", True):
+        for s in systems.values():
+            if isinstance(s, Ours):
+                s.close()
+        refs = references(args)     # after the timed pass: its engines were not in the process while it ran
+        got_r, seconds_r, _ = interleaved(refs, imgs)
+        got.update(got_r)
+        seconds.update(seconds_r)
+        texts.update({n: {i: texts_of(s, i, img, got_r[n][i]) for i, img in imgs.items()} for n, s in refs.items()})
+        systems.update(refs)
     res = summarize(got, texts, seconds, timed)
     res["cpu"] = cpu()
     res["rapid3"] = systems[BASE].worker.info if BASE in systems else None

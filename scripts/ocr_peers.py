@@ -18,9 +18,9 @@ from pipeline.core.errors import PipelineError
 
 def no_training() -> None:
     """This process reads pages and trains nothing: Paddle's OpenMP team waits PASSIVE (pipeline/core/env.py's rule
-    for such processes; OMP_WAIT_POLICY set by the user wins). Left at Intel OpenMP's default, the idle team of one
-    system's Paddle Inference engine spun on the core the next system was timed on: ours-v5 read 5.61 pages/s beside
-    its Paddle fp32 chain, 6.47 with PASSIVE (2026-12-07, one pass each)."""
+    for such processes; OMP_WAIT_POLICY set by the user wins), so an idle team of one system's Paddle engine cannot
+    spin on the core the next system is timed on. Measured on the v5 bench (2026-12-07): no change outside one pass's
+    noise (ours-v5 5.61 pages/s at the default, 5.62 and 5.63 with PASSIVE; one outlier pass at 6.47)."""
     from pipeline.core import env
 
     env.settle_wait_policy(trains=False)

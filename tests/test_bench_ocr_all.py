@@ -228,10 +228,12 @@ def test_controls_run_rapidocr_on_our_files_at_our_resize_and_ours_at_its_resize
     monkeypatch.setattr(bench, "Rapid3Worker", FakeWorker)
     args = types.SimpleNamespace(bundle=[str(tmp_path / "ppocr_v5_system-1")], rapid3_python="py")
     out = bench.controls(args, ["ours-v5"], warmup="page")
-    assert set(out) == {"ours-v5@rapid", "ours-v5-fp32", "rapid3-on-v5"}
+    assert set(out) == {"ours-v5@rapid", "rapid3-on-v5"}
     assert out["ours-v5@rapid"].spec.det_pre["limit_type"] == "min" == bench.RAPID3_RESIZE["limit_type"]
     assert out["ours-v5@rapid"].spec.det_pre["mean"] == det_pre["mean"]          # only the resize changes
-    assert out["ours-v5-fp32"].engine == "reference" and out["ours-v5@rapid"].engine is None
+    assert out["ours-v5@rapid"].engine is None
+    refs = bench.references(args)                 # the lines' reference: every part on its fp32 reference engine
+    assert list(refs) == ["ours-v5-fp32"] and refs["ours-v5-fp32"].engine == "reference"
     w = made[0]
     assert w["modes"] == (bench.CONTROL_MODE,) and w["warmup"] == "page"
     assert w["det"] == {"limit_type": "max", "limit_side_len": 960, "mean": det_pre["mean"], "std": det_pre["std"]}
