@@ -17,7 +17,7 @@ models, the detector's resize, the precision and the engine. Per bundle two more
 so headline = engine ratio (ours-vN / rapid3-on-vN: same models, same resize; ours as served vs RapidOCR f32)
 x configuration ratio (rapid3-on-vN / rapid3: one engine, our models and resize vs its own).
 Timing as scripts/bench_ocr.py: every system reads the same one warm-up page (ocr_peers.WARMUP, never timed), then
-one pass over the other pages, page by page, every system in a rotating order, 1 thread (OpenCV's too), so the
+--passes (3) passes over the other pages, page by page, every system in a rotating order, 1 thread (OpenCV's too), so the
 ratios come from one run on the same load. Reported: per system pages/s and its ratio to RapidOCR 3.10 as shipped,
 lines, GT.tsv's known texts (crops read with recognition alone); the ratio decomposition; lines identical between
 every two systems (a box matched at IoU >= 0.5 with the same text); per image lines and known texts. Exit 1 when
@@ -52,6 +52,7 @@ RAPID3 = {BASE: "onnxruntime", "rapid3-ov-f32": "openvino-f32", "rapid3-ov": "op
 V5_VS_BASE = 1.0                        # issue 32: the served v5 system >= 1.0x RapidOCR 3.10 as shipped
 V5_VS_CONTROL = 1.0                     # issue 48: ours-v5 >= 1.0x RapidOCR 3.10 on the same v5 files at the same resize
 V5_LINES_KEPT = 0.97                    # issue 48: ... keeping >= 0.97 of the lines of its own fp32 chain
+PASSES = 3                              # timed passes: pages/s is the mean pass's; each pass's is reported
 CONTROL_MODE = "onnxruntime"            # the controls' RapidOCR 3.10 engine: the one it ships with (BASE's)
 RAPID3_RESIZE = {"limit_type": "min", "limit_side_len": 736}    # RapidOCR 3.10's Det defaults (its config.yaml)
 
@@ -226,7 +227,7 @@ def report(res: dict, labels: dict, served: dict, con=None, with_targets: bool =
     con = con or Console(width=200)
     names, s = list(res["systems"]), res["systems"]
     t = Table(title=f"{res.get('timed', res['pages'])} real images timed (+ one warm-up page, scored), 1 thread, every "
-                    f"system timed interleaved in one pass (rotating order); ratios to RapidOCR 3.10 as shipped "
+                    f"system timed interleaved, {res.get('passes', 1)} pass(es) (rotating order; pages/s of the mean pass); ratios to RapidOCR 3.10 as shipped "
                     f"({BASE}) from the same run")
     for col in ("system", "what runs", "pages/s", f"x {BASE}", "lines", "known texts"):
         num = col in ("pages/s", f"x {BASE}", "lines")
@@ -238,6 +239,9 @@ def report(res: dict, labels: dict, served: dict, con=None, with_targets: bool =
                   "-" if v["vs_base"] is None else f"{v['vs_base']:.2f}x", str(v["lines"]),
                   escape(f"{v['known']}/{v['of_known']}{missed}"))
     con.print(t)
+    if res.get("passes", 1) > 1:
+        con.print(escape(f"{res['passes']} timed passes, pages/s of each: " + "; ".join(
+            f"{n} " + " / ".join(f"{v:.2f}" for v in per) for n, per in (res.get("pass_pages_per_s") or {}).items())))
     _decomposition_table(con, res.get("decomposition") or [])
     t = Table(title="Lines identical between systems (box matched at IoU >= 0.5, same text); diagonal: the "
                     "system's own lines")
@@ -297,7 +301,8 @@ def run(args) -> tuple[dict, dict, dict]:
     imgs = pages(Path(args.images))
     systems = build(args, imgs[warmup_name(imgs)])
     try:
-        got, seconds, timed = interleaved(systems, imgs)
+        spread = {}
+        got, seconds, timed = interleaved(systems, imgs, passes=args.passes, spread=spread)
         texts = {n: {i: texts_of(s, i, img, got[n][i]) for i, img in imgs.items()} for n, s in systems.items()}
     finally:
         for w in workers(systems):
@@ -313,6 +318,8 @@ def run(args) -> tuple[dict, dict, dict]:
         texts.update({n: {i: texts_of(s, i, img, got_r[n][i]) for i, img in imgs.items()} for n, s in refs.items()})
         systems.update(refs)
     res = summarize(got, texts, seconds, timed)
+    res["passes"] = args.passes
+    res["pass_pages_per_s"] = {n: [len(timed) / v for v in spread[n]] for n in spread}
     res["cpu"] = cpu()
     res["rapid3"] = systems[BASE].worker.info if BASE in systems else None
     res["raw"] = {"got": {n: {i: [[_plain(b), t] for b, t in lines] for i, lines in v.items()} for n, v in got.items()},
@@ -335,7 +342,7 @@ def isolated(args) -> tuple[dict, dict, dict]:
         for k, bundle in enumerate(args.bundle):
             out = Path(tmp) / f"run{k}.json"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--bundle", bundle, "--images", str(args.images),
-                   "--json", str(out), "--part-of-isolated"]
+                   "--json", str(out), "--part-of-isolated", "--passes", str(args.passes)]
             cmd += ["--rapid3-python", args.rapid3_python] if args.rapid3_python else []
             cmd += [] if getattr(args, "controls", True) else ["--no-controls"]
             print(f"--- {system_name(Path(bundle))}: its own process ---", flush=True)
@@ -365,6 +372,11 @@ def merge(runs: list[dict]) -> tuple[dict, dict, dict]:
         res["systems"][n].update(pages_per_s=v["pages_per_s"], seconds=v["seconds"], vs_base=v["vs_base"])
     res["decomposition"] = [d for r in runs for d in r.get("decomposition") or []]
     res["cpu"], res["rapid3"] = runs[0].get("cpu"), runs[0].get("rapid3")
+    res["passes"] = runs[0].get("passes", 1)
+    res["pass_pages_per_s"] = {}
+    for r in runs:
+        res["pass_pages_per_s"].update({n: v for n, v in (r.get("pass_pages_per_s") or {}).items()
+                                        if n not in res["pass_pages_per_s"]})
     res["runs"] = len(runs)
     return res, labels, served
 
@@ -381,9 +393,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--one-process", action="store_true",
                     help="every bundle in one run (default: each bundle in its own process, RapidOCR 3.10 beside each)")
+    ap.add_argument("--passes", type=int, default=PASSES,
+                    help=f"timed passes over the pages, every system alike (default {PASSES}: one pass of 10 small "
+                         "v5 pages moved the same-model ratio by +-12 %%)")
     ap.add_argument("--part-of-isolated", action="store_true", help=argparse.SUPPRESS)   # a child of isolated()
     args = ap.parse_args(argv)
     no_training()
+    if args.passes < 1:
+        ap.error("--passes: one or more")
     if not args.bundle and not args.rapid3_python:
         ap.error("nothing to compare: give --bundle (repeatable) and/or --rapid3-python")
     try:

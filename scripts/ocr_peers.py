@@ -274,33 +274,39 @@ def pages_of(system, imgs: list[np.ndarray]) -> tuple[list[list], float]:
     return [g[0] for g in got], sum(g[1] for g in got)
 
 
-def interleaved_blocks(systems: dict, pages: dict, block: int) -> tuple[dict, dict, list]:
+def interleaved_blocks(systems: dict, pages: dict, block: int, passes: int = 1,
+                       spread: dict | None = None) -> tuple[dict, dict, list]:
     """After the one warm-up page (read once by every system, scored, never timed), the timed pages in blocks of
     `block`, each system reading a whole block (lanes read it side by side), the systems in a rotating order per
-    block; the results as interleaved() returns them."""
+    block, `passes` times over; the results as interleaved() returns them (seconds: the mean of a pass; lines: the
+    first pass's). `spread`, if given, receives {system: [seconds of each pass]}."""
     set_threads()           # OpenCV at the engines' one thread (our lanes each one thread; RapidOCR 3.10 has its own process)
     warm = warmup_name(pages)
     names = list(systems)
-    got, t = {n: {} for n in names}, {n: 0.0 for n in names}
+    got, t = {n: {} for n in names}, {n: [0.0] * max(1, passes) for n in names}
     for n, s in systems.items():
         got[n][warm] = s.warm(pages[warm]) if hasattr(s, "warm") else s.page(pages[warm])[0]
     timed = [i for i in pages if i != warm]
-    for k in range(0, len(timed), block):
-        chunk = timed[k:k + block]
-        i = k // block
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            lines, dt = pages_of(systems[n], [pages[c] for c in chunk])
-            got[n].update(zip(chunk, lines))
-            t[n] += dt
-    return {n: {i: got[n][i] for i in pages} for n in names}, t, timed
+    chunks = [timed[k:k + block] for k in range(0, len(timed), block)]
+    for p in range(max(1, passes)):
+        for k, chunk in enumerate(chunks):
+            i = p * len(chunks) + k
+            for n in names[i % len(names):] + names[:i % len(names)]:
+                lines, dt = pages_of(systems[n], [pages[c] for c in chunk])
+                if p == 0:
+                    got[n].update(zip(chunk, lines))
+                t[n][p] += dt
+    if spread is not None:
+        spread.update(t)
+    return {n: {i: got[n][i] for i in pages} for n in names}, {n: sum(v) / len(v) for n, v in t.items()}, timed
 
 
-def interleaved(systems: dict, pages: dict) -> tuple[dict, dict, list]:
+def interleaved(systems: dict, pages: dict, passes: int = 1, spread: dict | None = None) -> tuple[dict, dict, list]:
     """Every system reads the one warm-up page (warmup_name) once, then the other pages page by page in a rotating
-    order (each goes first as often), so a neighbour's load on a shared machine hits all alike:
+    order (each goes first as often), `passes` times over, so a neighbour's load on a shared machine hits all alike:
     {system: {image: lines}} (the warm-up page's reading included: it is scored, not timed), {system: seconds of the
-    timed pages}, the timed pages' names. interleaved_blocks with blocks of one page."""
-    return interleaved_blocks(systems, pages, 1)
+    timed pages, the mean of a pass}, the timed pages' names. interleaved_blocks with blocks of one page."""
+    return interleaved_blocks(systems, pages, 1, passes, spread)
 
 
 def agreement(a: list, b: list) -> int:

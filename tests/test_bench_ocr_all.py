@@ -311,3 +311,31 @@ def test_the_benches_train_nothing_so_paddles_openmp_waits_passive(preset, want)
     out = subprocess.run([sys.executable, "-c", code, str(SCRIPTS)], env=env, capture_output=True, text=True,
                          check=True, cwd=SCRIPTS.parent).stdout.split()
     assert out == [want, "False"]
+
+
+def test_several_passes_time_the_mean_pass_and_keep_the_rotation():
+    """--passes N: the timed pages N times over, the first system rotating on across passes; seconds are the mean of
+    a pass (pages/s stays per page), each pass's seconds go to `spread`, the lines are the first pass's."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        peers = importlib.import_module("ocr_peers")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    import numpy as np
+    order, calls = [], {"x": 0, "y": 0}
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def page(self, img):
+            order.append(self.name)
+            calls[self.name] += 1
+            return [([[0, 0], [1, 0], [1, 1], [0, 1]], f"{self.name}{calls[self.name]}")], float(calls[self.name])
+
+    pages = {n: np.zeros((4, 4, 3), np.uint8) for n in [peers.WARMUP, "a.jpg", "b.jpg", "c.jpg"]}
+    spread = {}
+    got, t, timed = peers.interleaved({"x": Fake("x"), "y": Fake("y")}, pages, passes=2, spread=spread)
+    assert order[2:] == ["x", "y", "y", "x", "x", "y", "y", "x", "x", "y", "y", "x"]
+    assert spread["x"] == [2.0 + 3.0 + 4.0, 5.0 + 6.0 + 7.0] and t["x"] == pytest.approx(13.5)
+    assert got["x"]["c.jpg"][0][1] == "x4" and timed == ["a.jpg", "b.jpg", "c.jpg"]   # the first pass's lines
