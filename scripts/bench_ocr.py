@@ -11,9 +11,10 @@ Ours: the flow `/ocr` runs (pipeline/ocr/system.read_pages) on the engines `/ocr
 per part with its reason), or from the fetched models on one runtime (--engine). Every page is decoded once
 (pipeline/ocr/pages.decode_page) and the same array goes to all.
 Timing: every system reads the same one warm-up page (ocr_peers.WARMUP: a real page with text, scored but never timed;
-no other warm-up), then one pass over the other pages, page by page, the systems in a rotating order (each goes first
-as often): a neighbour's load hits all alike. 1 thread per engine and for OpenCV. Every real page is a new input
-shape, as in service.
+no other warm-up), then --passes (3) passes over the other pages, page by page, the systems in a rotating order (each
+goes first as often): a neighbour's load hits all alike. 1 thread per engine and for OpenCV. Every real page is a new
+input shape in the first pass (a one-shot reader's case), a repeat in the others (a server's); pages/s is the mean
+pass's, and each pass's ratios are printed.
 Every core (--cores, default all; 1: skip): the same pages again, ours as lanes (one page per core, each lane its
 own engines at one thread: pipeline/ocr/lanes.py; every page must read exactly as at 1 thread), RapidOCR 3.10 with
 its own thread settings (every core, one page at a time); interleaved in two halves of the pages (blocks of one page
@@ -127,7 +128,8 @@ def run(args) -> dict:
     pages = _pages(Path(args.images))
     systems = _systems(args, pages[warmup_name(pages)])
     try:
-        got, t, timed = _interleaved(systems, pages)
+        spread = {}
+        got, t, timed = _interleaved(systems, pages, passes=getattr(args, "passes", 1), spread=spread)
         rows, per = _score(systems, pages, got)
         served = systems["ours"].served()
     finally:
@@ -139,7 +141,8 @@ def run(args) -> dict:
                "ours_vs": t[n] / t["ours"]} for n, s in systems.items()}
     res = {"rows": rows, "systems": out, "pages": len(pages), "timed": len(timed), "ref_lines": total,
            "served": served, "cpu": cpu(),
-           "rapid3": getattr(systems.get("rapid3_f32"), "worker", None) and systems["rapid3_f32"].worker.info}
+           "rapid3": getattr(systems.get("rapid3_f32"), "worker", None) and systems["rapid3_f32"].worker.info,
+           "passes": getattr(args, "passes", 1), "pass_ours_vs": per_pass(spread)}
     if getattr(args, "cores", 1) != 1:
         res["all_cores"] = all_cores(args, pages, got["ours"], got[REF], total)
     return res
@@ -157,15 +160,27 @@ def all_cores(args, pages: dict, ours_one: dict, ref: dict, ref_lines: int) -> d
         # two halves, the systems' order rotating: blocks of one page per lane would time every block at its slowest
         # page (a lane idles until its neighbour's bigger page is read); a half keeps the lanes fed as a stream does
         block = max(cores, -(-(len(pages) - 1) // 2))
-        got, t, timed = interleaved_blocks(systems, pages, block)
+        spread = {}
+        got, t, timed = interleaved_blocks(systems, pages, block, getattr(args, "passes", 1), spread)
     finally:
         _close(systems)
     same = {n: sum(_agreement(got[n][i], ref[i]) for i in pages) for n in systems}
-    return {"cores": cores, "timed": len(timed), "block": block,
+    return {"cores": cores, "timed": len(timed), "block": block, "pass_ours_vs": per_pass(spread),
             "ours_differ_from_1_thread": [i for i in pages if got["ours"][i] != ours_one[i]],
             "systems": {n: {"label": s.label, "pages_per_s": len(timed) / t[n], "ours_vs": t[n] / t["ours"],
                             "same": same[n], "agreement": same[n] / ref_lines if ref_lines else 1.0}
                         for n, s in systems.items()}}
+
+
+def per_pass(spread: dict) -> dict:
+    """{system: [ours / it in each timed pass]} from each pass's seconds."""
+    return {n: [v / o for v, o in zip(sec, spread["ours"])] for n, sec in spread.items()} if "ours" in spread else {}
+
+
+def _pass_line(con, passes: int, ratios: dict) -> None:
+    if passes > 1 and ratios:
+        con.print(f"{passes} timed passes (pages/s above: the mean pass), ours / it in each: " + "; ".join(
+            f"{n} " + " / ".join(f"{v:.2f}x" for v in r) for n, r in ratios.items() if n != "ours"))
 
 
 def targets(res: dict) -> list[tuple[str, float, float, bool]]:
@@ -207,13 +222,14 @@ def report(res: dict) -> bool:
         t.add_row(r["image"], str(r["ref_lines"]), *[cell(n) for n in names], r["ours"]["read"])
     con.print(t)
     t = Table(title=f"{res['timed']} real images timed after one warm-up page (scored), 1 thread, timed interleaved "
-                    f"(rotating order, one pass)")
+                    f"(rotating order, {res.get('passes', 1)} pass(es))")
     for col in ("system", "what runs", "pages/s", "ours / it", "lines = fp32 reference", "known texts"):
         t.add_column(col, no_wrap=col != "what runs")
     for n, v in res["systems"].items():
         t.add_row(n, v["label"], f"{v['pages_per_s']:.3f}", f"{v['ours_vs']:.2f}x",
                   f"{v['same']}/{res['ref_lines']} = {v['agreement']:.3f}", f"{v['known']}/{v['of_known']}")
     con.print(t)
+    _pass_line(con, res.get("passes", 1), res.get("pass_ours_vs"))
     a = res.get("all_cores")
     if a:
         t = Table(title=f"The same images at {a['cores']} cores ({a['timed']} timed after the warm-up page, interleaved in "
@@ -224,6 +240,7 @@ def report(res: dict) -> bool:
             t.add_row(n, v["label"], f"{v['pages_per_s']:.3f}", f"{v['ours_vs']:.2f}x",
                       f"{v['same']}/{res['ref_lines']} = {v['agreement']:.3f}")
         con.print(t)
+        _pass_line(con, res.get("passes", 1), a.get("pass_ours_vs"))
     for role, p in res["served"].items():
         con.print(f"served {role}: {p['engine']} {p['precision']} (ran {p.get('effective_precision', '?')}): "
                   f"{p.get('why', '')}" + (f" [{p['cpu']}]" if p.get("cpu") else ""))
@@ -249,8 +266,13 @@ def main(argv=None) -> int:
                     help="python of the RapidOCR 3.10 venv (`make rapidocr3-venv`): adds its two OpenVINO peers")
     ap.add_argument("--cores", type=int, default=0, help="the all-cores pass's lanes (default 0: every core; 1: the "
                                                          "1-thread pass only)")
+    ap.add_argument("--passes", type=int, default=3,
+                    help="timed passes over the pages, every system alike, in each mode (default 3); pages/s of the "
+                         "mean pass, each pass's ratios printed")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        ap.error("--passes: one or more")
     no_training()
     try:
         if args.only_ours:

@@ -208,6 +208,9 @@ def test_bench_ocr_targets_follow_the_cpu():
     got = {what.split(" (")[0]: (lim, ok) for what, _, lim, ok in
            bench.targets({**res, "cpu": {"avx512": False, "bf16": False}})}
     assert got["ours / RapidOCR 1.4.4 pages/s"] == (1.2, True) and not any("as shipped" in w for w in got)
+    # --passes: each pass's ratio from that pass's seconds (the first pass: new shapes; the others: repeats)
+    assert bench.per_pass({"ours": [2.0, 1.0], "rapid": [4.0, 3.0]}) == {"ours": [1.0, 1.0], "rapid": [2.0, 3.0]}
+    assert bench.per_pass({"rapid": [1.0]}) == {}
 
 
 def test_bench_ocr_all_cores_pass_reads_blocks_side_by_side_and_judges_issue_48():
