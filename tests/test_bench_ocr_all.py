@@ -339,3 +339,15 @@ def test_several_passes_time_the_mean_pass_and_keep_the_rotation():
     assert order[2:] == ["x", "y", "y", "x", "x", "y", "y", "x", "x", "y", "y", "x"]
     assert spread["x"] == [2.0 + 3.0 + 4.0, 5.0 + 6.0 + 7.0] and t["x"] == pytest.approx(13.5)
     assert got["x"]["c.jpg"][0][1] == "x4" and timed == ["a.jpg", "b.jpg", "c.jpg"]   # the first pass's lines
+
+
+def test_too_few_reference_lines_say_the_lines_target_cannot_resolve(bench):
+    """Issue 51's rule in the bench: when one line moves the share kept by more than the target allows (4 reference
+    lines here; 29 on the real images against 0.97), the report says the pages cannot resolve it."""
+    got, texts, seconds = _pass(bench)
+    got["ours-v5-fp32"], texts["ours-v5-fp32"], seconds["ours-v5-fp32"] = got["ours-v4"], texts["ours-v4"], 1.0
+    res = bench.summarize(got, texts, seconds)
+    con = _quiet()
+    bench.report(res, {n: n for n in got}, {}, con=con)
+    assert "ours-v5-fp32 read 4 lines: one line moves the share kept by 0.250" in con.file.getvalue()
+    assert "cannot resolve it" in con.file.getvalue()
