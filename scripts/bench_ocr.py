@@ -11,7 +11,7 @@ Ours: the flow `/ocr` runs (pipeline/ocr/system.read_pages) on the engines `/ocr
 per part with its reason), or from the fetched models on one runtime (--engine). Every page is decoded once
 (pipeline/ocr/pages.decode_page) and the same array goes to all.
 Timing: every system reads the same one warm-up page (ocr_peers.WARMUP: a real page with text, scored but never timed;
-no other warm-up), then --passes (3) passes over the other pages, page by page, the systems in a rotating order (each
+no other warm-up), then --passes (ocr_peers.PASSES) passes over the other pages, page by page, the systems in a rotating order (each
 goes first as often): a neighbour's load hits all alike. 1 thread per engine and for OpenCV. Every real page is a new
 input shape in the first pass (a one-shot reader's case), a repeat in the others (a server's); pages/s is the mean
 pass's, and each pass's ratios are printed.
@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ocr_peers import (CROPS, IMAGES, KNOWN, ROOT, Ours, OursLanes, Rapid, Rapid3, Rapid3Worker,  # noqa: F401  (re-exported: tests import the peers from here)
                        agreement as _agreement, interleaved as _interleaved, interleaved_blocks, known as _known,
-                       pages as _pages, cpu, finish, no_training, rapid_models, set_threads, texts_of, warmup_name)
+                       add_passes, pages as _pages, cpu, finish, no_training, rapid_models, set_threads, texts_of,
+                       warmup_name)
 from pipeline.core.errors import PipelineError
 
 TARGETS = {"agreement": 0.97, "all_cores_vs_shipped": 1.1}    # issue 48
@@ -266,13 +267,9 @@ def main(argv=None) -> int:
                     help="python of the RapidOCR 3.10 venv (`make rapidocr3-venv`): adds its two OpenVINO peers")
     ap.add_argument("--cores", type=int, default=0, help="the all-cores pass's lanes (default 0: every core; 1: the "
                                                          "1-thread pass only)")
-    ap.add_argument("--passes", type=int, default=3,
-                    help="timed passes over the pages, every system alike, in each mode (default 3); pages/s of the "
-                         "mean pass, each pass's ratios printed")
+    add_passes(ap)
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
-    if args.passes < 1:
-        ap.error("--passes: one or more")
     no_training()
     try:
         if args.only_ours:

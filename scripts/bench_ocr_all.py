@@ -17,7 +17,7 @@ models, the detector's resize, the precision and the engine. Per bundle two more
 so headline = engine ratio (ours-vN / rapid3-on-vN: same models, same resize; ours as served vs RapidOCR f32)
 x configuration ratio (rapid3-on-vN / rapid3: one engine, our models and resize vs its own).
 Timing as scripts/bench_ocr.py: every system reads the same one warm-up page (ocr_peers.WARMUP, never timed), then
---passes (3) passes over the other pages, page by page, every system in a rotating order, 1 thread (OpenCV's too), so the
+--passes (ocr_peers.PASSES) passes over the other pages, page by page, every system in a rotating order, 1 thread (OpenCV's too), so the
 ratios come from one run on the same load. Reported: per system pages/s and its ratio to RapidOCR 3.10 as shipped,
 lines, GT.tsv's known texts (crops read with recognition alone); the ratio decomposition; lines identical between
 every two systems (a box matched at IoU >= 0.5 with the same text); per image lines and known texts. Exit 1 when
@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, agreement, cpu, finish,
+from ocr_peers import (IMAGES, KNOWN, Ours, Rapid3, Rapid3Worker, add_passes, agreement, cpu, finish,
                        interleaved, known, no_training, pages, texts_of, warmup_name)
 from pipeline.core.errors import PipelineError
 
@@ -52,7 +52,6 @@ RAPID3 = {BASE: "onnxruntime", "rapid3-ov-f32": "openvino-f32", "rapid3-ov": "op
 V5_VS_BASE = 1.0                        # issue 32: the served v5 system >= 1.0x RapidOCR 3.10 as shipped
 V5_VS_CONTROL = 1.0                     # issue 48: ours-v5 >= 1.0x RapidOCR 3.10 on the same v5 files at the same resize
 V5_LINES_KEPT = 0.97                    # issue 48: ... keeping >= 0.97 of the lines of its own fp32 chain
-PASSES = 3                              # timed passes: pages/s is the mean pass's; each pass's is reported
 CONTROL_MODE = "onnxruntime"            # the controls' RapidOCR 3.10 engine: the one it ships with (BASE's)
 RAPID3_RESIZE = {"limit_type": "min", "limit_side_len": 736}    # RapidOCR 3.10's Det defaults (its config.yaml)
 
@@ -268,10 +267,10 @@ def report(res: dict, labels: dict, served: dict, con=None, with_targets: bool =
                          f"every ratio to {BASE} is against the {BASE} of the same run ({BASE}'s row: the first run's)"))
     if not with_targets:
         return True
-    for a, b in (("ours-v5", "rapid3-on-v5"),):
-        if a in s and b in s:       # reported, not gated: RapidOCR's own code on the same files (module docstring)
-            con.print(f"{a}: lines identical to {b}'s: {res['same'][a][b]} of its {s[b]['lines']} (RapidOCR's pre- "
-                      f"and post-processing on the same files; reported, not a target)")
+    if "ours-v5" in s and "rapid3-on-v5" in s:     # reported, not gated: RapidOCR's own code on the same files
+        con.print(f"ours-v5: lines identical to rapid3-on-v5's: {res['same']['ours-v5']['rapid3-on-v5']} of its "
+                  f"{s['rapid3-on-v5']['lines']} (RapidOCR's pre- and post-processing on the same files; reported, "
+                  f"not a target)")
     ref = s.get("ours-v5-fp32")
     if ref and ref["lines"] and 1 / ref["lines"] > 1 - V5_LINES_KEPT:      # issue 51's rule, said here too
         con.print(f"ours-v5-fp32 read {ref['lines']} lines: one line moves the share kept by {1 / ref['lines']:.3f}, "
@@ -307,7 +306,7 @@ def run(args) -> tuple[dict, dict, dict]:
     try:
         spread = {}
         got, seconds, timed = interleaved(systems, imgs, passes=args.passes, spread=spread)
-        texts = {n: {i: texts_of(s, i, img, got[n][i]) for i, img in imgs.items()} for n, s in systems.items()}
+        texts = _texts(systems, imgs, got)
     finally:
         for w in workers(systems):
             w.close()
@@ -319,7 +318,7 @@ def run(args) -> tuple[dict, dict, dict]:
         got_r, seconds_r, _ = interleaved(refs, imgs)
         got.update(got_r)
         seconds.update(seconds_r)
-        texts.update({n: {i: texts_of(s, i, img, got_r[n][i]) for i, img in imgs.items()} for n, s in refs.items()})
+        texts.update(_texts(refs, imgs, got_r))
         systems.update(refs)
     res = summarize(got, texts, seconds, timed)
     res["passes"] = args.passes
@@ -330,6 +329,11 @@ def run(args) -> tuple[dict, dict, dict]:
                   "texts": texts, "seconds": seconds, "timed": timed}
     served = {n: s.served() for n, s in systems.items() if isinstance(s, Ours)}
     return res, {n: s.label for n, s in systems.items()}, served
+
+
+def _texts(systems: dict, imgs: dict, got: dict) -> dict:
+    """{system: {image: [text]}} as scored: a page's lines, a crop read with recognition alone."""
+    return {n: {i: texts_of(s, i, img, got[n][i]) for i, img in imgs.items()} for n, s in systems.items()}
 
 
 def _plain(box) -> list:
@@ -361,7 +365,7 @@ def merge(runs: list[dict]) -> tuple[dict, dict, dict]:
     """One result from per-bundle runs (each a run()'s JSON): summarize() over every system's lines, then each system's
     pages/s, ratio to BASE and decomposition from its own run. Pure."""
     got, texts, seconds, own = {}, {}, {}, {}
-    labels, served = {}, {}
+    labels, served, per_pass = {}, {}, {}
     for r in runs:
         raw = r["raw"]
         for n in raw["got"]:
@@ -371,16 +375,13 @@ def merge(runs: list[dict]) -> tuple[dict, dict, dict]:
             texts[n], seconds[n], own[n] = raw["texts"][n], raw["seconds"][n], r["systems"][n]
         labels.update({n: v for n, v in r["labels"].items() if n not in labels})
         served.update(r.get("served") or {})
+        per_pass.update({n: v for n, v in (r.get("pass_pages_per_s") or {}).items() if n not in per_pass})
     res = summarize(got, texts, seconds, runs[0]["raw"]["timed"])
     for n, v in own.items():
         res["systems"][n].update(pages_per_s=v["pages_per_s"], seconds=v["seconds"], vs_base=v["vs_base"])
     res["decomposition"] = [d for r in runs for d in r.get("decomposition") or []]
     res["cpu"], res["rapid3"] = runs[0].get("cpu"), runs[0].get("rapid3")
-    res["passes"] = runs[0].get("passes", 1)
-    res["pass_pages_per_s"] = {}
-    for r in runs:
-        res["pass_pages_per_s"].update({n: v for n, v in (r.get("pass_pages_per_s") or {}).items()
-                                        if n not in res["pass_pages_per_s"]})
+    res["passes"], res["pass_pages_per_s"] = runs[0].get("passes", 1), per_pass
     res["runs"] = len(runs)
     return res, labels, served
 
@@ -397,14 +398,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--one-process", action="store_true",
                     help="every bundle in one run (default: each bundle in its own process, RapidOCR 3.10 beside each)")
-    ap.add_argument("--passes", type=int, default=PASSES,
-                    help=f"timed passes over the pages, every system alike (default {PASSES}: one pass of 10 small "
-                         "v5 pages moved the same-model ratio by +-12 %%)")
+    add_passes(ap)
     ap.add_argument("--part-of-isolated", action="store_true", help=argparse.SUPPRESS)   # a child of isolated()
     args = ap.parse_args(argv)
     no_training()
-    if args.passes < 1:
-        ap.error("--passes: one or more")
     if not args.bundle and not args.rapid3_python:
         ap.error("nothing to compare: give --bundle (repeatable) and/or --rapid3-python")
     try:

@@ -4,6 +4,7 @@ the interleaved timing and the line agreement.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,20 @@ def no_training() -> None:
     from pipeline.core import env
 
     env.settle_wait_policy(trains=False)
+
+
+def add_passes(ap) -> None:
+    """--passes, shared by the OCR benches: every system reads the timed pages N times (one pass of 10 small v5 pages
+    moved the same-model ratio by +-12 % from run to run, 2026-12-07)."""
+    def integer(text: str) -> int:         # argparse names it in its error: "invalid integer value"
+        n = int(text)
+        if n < 1:
+            raise argparse.ArgumentTypeError("one or more")
+        return n
+
+    ap.add_argument("--passes", type=integer, default=PASSES,
+                    help=f"timed passes over the pages, every system alike (default {PASSES}); pages/s of the mean "
+                         "pass, each pass's figures printed")
 
 
 def set_threads(n: int | None = None) -> None:
@@ -49,6 +64,7 @@ CROPS = ("en_rec.jpg", "test_without_det.jpg", "text_cls.jpg", "text_rec.jpg")
 # The one warm-up page every system reads before timing (ours, RapidOCR 1.4.4, each RapidOCR 3.10 instance): real, with
 # text (one word: detection, the classifier and recognition all run), never timed; its reading is still scored
 WARMUP = "issue_170.png"
+PASSES = 3              # timed passes over the pages (add_passes)
 THREADS = 1             # every engine's threads, and OpenCV's (its own pool would otherwise use every core)
 RAPID3_MODES = {"onnxruntime": "ONNX Runtime (as shipped)", "openvino-f32": "OpenVINO, f32 forced",
                 "openvino": "OpenVINO as shipped"}

@@ -339,6 +339,12 @@ def test_several_passes_time_the_mean_pass_and_keep_the_rotation():
     assert order[2:] == ["x", "y", "y", "x", "x", "y", "y", "x", "x", "y", "y", "x"]
     assert spread["x"] == [2.0 + 3.0 + 4.0, 5.0 + 6.0 + 7.0] and t["x"] == pytest.approx(13.5)
     assert got["x"]["c.jpg"][0][1] == "x4" and timed == ["a.jpg", "b.jpg", "c.jpg"]   # the first pass's lines
+    import argparse
+    ap = argparse.ArgumentParser()
+    peers.add_passes(ap)
+    assert ap.parse_args([]).passes == peers.PASSES and ap.parse_args(["--passes", "2"]).passes == 2
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--passes", "0"])
 
 
 def test_too_few_reference_lines_say_the_lines_target_cannot_resolve(bench):
