@@ -26,8 +26,6 @@ import pipeline  # noqa: F401  (side effect: zlib before paddle, CPU tuning)
 import numpy as np
 
 DEFAULT_SYSTEM = "configs/ppocr_v4_system.yaml"
-# the tuning pages' fonts besides Pillow's built-in one, where installed (Debian fonts-dejavu-core)
-TUNING_FONTS = [f"/usr/share/fonts/truetype/dejavu/{n}.ttf" for n in ("DejaVuSans", "DejaVuSerif", "DejaVuSansMono")]
 
 
 class IrDetector:
@@ -67,10 +65,9 @@ def system_parts(system_config: str | Path = DEFAULT_SYSTEM) -> tuple:
 
 
 def tuning_pages(n: int, seed: int | None = None) -> list[np.ndarray]:
-    from pipeline.data.edge_pages import DEFAULT_SEED, render_edge_pages
+    from pipeline.data.edge_pages import DEFAULT_SEED, installed_fonts, render_edge_pages
 
-    fonts = [f for f in TUNING_FONTS if Path(f).is_file()]
-    return render_edge_pages(n, DEFAULT_SEED if seed is None else seed, fonts=fonts)
+    return render_edge_pages(n, DEFAULT_SEED if seed is None else seed, fonts=installed_fonts())
 
 
 def det_inputs(pages: list[np.ndarray], spec) -> np.ndarray:

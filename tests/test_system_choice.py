@@ -183,7 +183,7 @@ PART_S = {("paddle-inference", "fp32"): 4.0, ("openvino", "fp32"): 2.0, ("openvi
 
 
 def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None, part_s: dict | None = None, noise=0.0,
-                seed=0):
+                seed=0, overrides: tuple = ()):
     """The system stage's choice (pipeline/evaluation/system_serving.py) with stub gate rows (kept(combo) -> lines
     kept) and its real timing loop on fake engines (part_s: fake seconds per call of each (engine, precision), with
     per-call noise) under a fake clock."""
@@ -234,7 +234,7 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None, part_s: di
     monkeypatch.setattr("pipeline.ocr.system.read_pages", read_pages)
     pages = {"images": [np.full((40 + i, 60, 3), i, np.uint8) for i in range(30)]}
     chain = Chain(pages=pages, keys={}, spec=None, ref={}, lines=[], subs=subs)
-    ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto"])})()
+    ctx = type("Ctx", (), {"cfg": load_config([], ["system.engine=auto", *overrides])})()
     gates = st.served_rows(ctx, chain, 1)
     chain.loaded = loaded
     return chain, gates, tried
@@ -475,3 +475,59 @@ def test_a_material_low_precision_part_is_still_served():
     chosen, _ = ch.choose_part("detection", rows, min_speedup=1.1)
     assert (chosen["engine"], chosen["precision"]) == ("openvino", "bf16")
     assert chosen["fastest_fp32"] == "openvino fp32"
+
+
+def test_a_row_that_rewrites_the_edge_pages_text_is_excluded_and_the_part_chosen_again(monkeypatch, tmp_path):
+    # OpenVINO bf16 wins the timing and passes the synthetic pages, but rewrites 12 % of the edge pages' lines
+    from pipeline.core.gates import EXCLUDED
+    judged = []
+
+    def edge_row(ctx, chain, role, pair, threads):
+        judged.append((role, pair))
+        kept = 0.88 if pair == ("openvino", "bf16") else 1.0
+        g = Gate("system", f"edge pages {role}: {pair[0]} {pair[1]}", pair[1], pair[1], "edge_lines_kept", value=kept,
+                 status=OK if kept >= 0.97 else EXCLUDED)
+        g.reason = "" if kept >= 0.97 else "lines_same_as_fp32_chain_on_edge_pages 0.88 < limit 0.97"
+        return g
+
+    monkeypatch.setattr("pipeline.evaluation.edge_judge.edge_row", edge_row)
+    chain, gates, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses, overrides=("system.edge_pages=8",))
+    det = chain.served["detection"]
+    assert (det["engine"], det["precision"]) == ("openvino", "fp32")
+    assert judged == [("detection", ("openvino", "bf16"))]      # fp32 rows are never judged here
+    bf16 = next(c for c in det["candidates"] if c["precision"] == "bf16")
+    assert bf16["verdict"] == "rewrites edge text" and bf16["edge_lines_kept"] == 0.88
+    assert [g.status for g in gates if g.subject.startswith("edge pages")] == [EXCLUDED]
+
+
+def test_a_row_that_keeps_the_edge_pages_text_serves_with_its_figure(monkeypatch, tmp_path):
+    def edge_row(ctx, chain, role, pair, threads):
+        return Gate("system", f"edge pages {role}", pair[1], pair[1], "edge_lines_kept", value=0.99, status=OK)
+
+    monkeypatch.setattr("pipeline.evaluation.edge_judge.edge_row", edge_row)
+    chain, _, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses, overrides=("system.edge_pages=8",))
+    det = chain.served["detection"]
+    assert (det["engine"], det["precision"], det["edge_lines_kept"]) == ("openvino", "bf16", 0.99)
+
+
+def test_the_edge_row_counts_changed_missing_and_extra_lines_against_the_fp32_chain(monkeypatch):
+    import pipeline.evaluation.edge_judge as ej
+    from pipeline.core.config import load_config
+    from pipeline.core.gates import EXCLUDED
+    from pipeline.evaluation.system_rows import Chain
+
+    def line(x, text):
+        return {"box": [[x, 0], [x + 50, 0], [x + 50, 20], [x, 20]], "text": text}
+
+    ref_page = [line(0, "3F1"), line(100, "Tel:1"), line(200, "[11]")]
+    readings = {"fp32": [ref_page] * 4, "bf16": [[line(0, "3FI"), line(100, "Tel:1")]] + [ref_page] * 3}
+    monkeypatch.setattr(ej, "_pages", lambda n: [np.zeros((8, 8, 3), np.uint8)] * n)
+    monkeypatch.setattr(ej, "_read", lambda chain, combo, threads, pages: (
+        readings[combo["recognition"][1]][:len(pages)], combo["recognition"][1]))
+    chain = Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs={"detection": None, "recognition": None})
+    ctx = type("Ctx", (), {"cfg": load_config([], ["system.edge_pages=4"])})()
+    g = ej.edge_row(ctx, chain, "recognition", ("openvino", "bf16"), 1)
+    assert g.status == EXCLUDED and g.value == round(1 - 2 / 12, 4)
+    assert g.extra["edge"] == {"text": 1, "missing": 1, "extra": 0, "changed": 2, "of": 12}
+    assert "system.edge_lines_kept" in g.reason and "2 of 12 lines changed" in g.reason
+    assert ej.edge_row(ctx, chain, "recognition", ("openvino", "fp32"), 1).status == OK     # the reference is read once

@@ -295,11 +295,13 @@ def served_entry(sub: Path, role: str, chosen: dict, rows: list, rec: dict) -> d
     """infer_config served.<role> for a part chosen on the system's pages: what, why, vs what it recommended alone."""
     from pipeline.bundle.system import measured_on
 
-    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "vs_fastest_fp32", "lines_kept", "part_s", "detail")
+    keep = ("engine", "precision", "verdict", "speedup_vs_fp32", "vs_fastest_fp32", "lines_kept", "edge_lines_kept",
+            "part_s", "detail")
     return {"engine": chosen["engine"], "precision": chosen["precision"], "by": "system pages",
             "why": why_chosen(role, chosen, TIMING_PAGES * ROUNDS, f"{rec['engine']} {rec['precision']}"),
             **{k: chosen[k] for k in ("speedup_vs_fp32", "speedup_vs_fastest_fp32", "spread", "min_speedup",
                                       "chain_speedup_vs_fp32", "lines_kept")},
+            **({"edge_lines_kept": chosen["edge_lines_kept"]} if "edge_lines_kept" in chosen else {}),
             "recommended": {k: rec[k] for k in ("engine", "precision", "why") if k in rec},
             "candidates": [{k: x[k] for k in keep if x.get(k) not in (None, "")} for x in rows],
             "model": layout.serving_model(chosen["engine"], chosen["precision"], sub), "measured_on": measured_on(sub)}

@@ -407,6 +407,8 @@ class SystemCfg(Section):
     turn_check: bool
     det_bucket: int = Field(ge=0)
     rec_bucket: int = Field(ge=0)
+    edge_pages: int = Field(ge=0, le=256)
+    edge_lines_kept: float = Field(ge=0, le=1)
 
     @field_validator("pin")
     @classmethod

@@ -22,7 +22,10 @@ from pipeline.data.textlines import load_fonts
 EDGE_GLYPHS = "[]【】()|1Il:;.,-"
 LENTICULAR = "【】"
 SIZES = (14, 16, 18, 20, 22, 24, 28, 32, 36)
-DEFAULT_SEED = 48_0001          # used by nothing else in the project
+DEFAULT_SEED = 48_0001          # used by nothing else in the project: the pages detector keep lists are chosen on
+SYSTEM_SEED = 48_0002           # the system stage's admission judge (pipeline/evaluation/edge_judge.py): other pages
+# fonts drawn besides Pillow's built-in one, where installed (Debian fonts-dejavu-core)
+FONT_FILES = tuple(f"/usr/share/fonts/truetype/dejavu/{n}.ttf" for n in ("DejaVuSans", "DejaVuSerif", "DejaVuSansMono"))
 
 
 def _core(r: random.Random) -> str:
@@ -160,6 +163,13 @@ def _finish(r: random.Random, img: np.ndarray, size: int) -> np.ndarray:
     rng = np.random.default_rng(r.randrange(2 ** 32))
     out += rng.standard_normal(out.shape, dtype=np.float32) * r.uniform(0.0, 6.0)
     return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def installed_fonts() -> list[str]:
+    """FONT_FILES that exist here (the pages of a seed depend on them: the judges record which were drawn)."""
+    from pathlib import Path
+
+    return [f for f in FONT_FILES if Path(f).is_file()]
 
 
 def render_edge_pages(n: int, seed: int = DEFAULT_SEED, size: int = 736,

@@ -59,6 +59,7 @@ class Chain:
     served: dict | None = None      # role → what /ocr serves and why (system.engine auto: chosen on these pages)
     engines: dict = field(default_factory=dict)       # (role, engine, precision, tag) → loaded engine, shared
     refs: dict = field(default_factory=dict)          # role → (engine, "fp32") of the part's reference row
+    edge: dict | None = None        # the fp32 chain's reading of the edge pages (pipeline/evaluation/edge_judge.py)
 
     def ref_of(self, role: str) -> tuple[str, str]:
         from pipeline.bundle.system_choice import FP32_REF

@@ -64,7 +64,7 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
     """Parts not pinned: every candidate judged, the passing ones timed (one loop per part, fresh engines), each
     part's row chosen by the rule (choose_part: min_speedup beyond the round-to-round spread, else fp32)."""
     from pipeline.bundle.format import load_infer_config
-    from pipeline.bundle.system_choice import choose_part, not_admitted, part_candidates
+    from pipeline.bundle.system_choice import not_admitted, part_candidates
 
     free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
     gates, rows = [], {}
@@ -91,7 +91,36 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
                 x.update(part_s=t["parts"][r], part_rounds=t["part_rounds"][r], chain_s=t["seconds"])
         log.info("[system] %s on the system's pages: %s", r, ", ".join(
             f"{x['engine']} {x['precision']} {x.get('part_s', '-')} s" for x in rows[r]))
-    return gates, {r: choose_part(r, rows[r], chain.ref_of(r), min_speedup) for r in free}
+    picks = {}
+    for r in free:
+        picks[r], edge_gates = _admit_on_edge_pages(ctx, chain, r, rows[r], min_speedup, threads)
+        gates += edge_gates
+    return gates, picks
+
+
+def _admit_on_edge_pages(ctx, chain: Chain, role: str, rows: list, min_speedup: float, threads: int) -> tuple:
+    """choose_part, then the edge judge on the low-precision row it picks (system.edge_pages > 0): a row that
+    rewrites the text of tight boxes is EXCLUDED and the part chosen again without it, down to its fp32 row.
+    -> ((chosen, rows with verdicts), the edge gate rows)."""
+    from pipeline.bundle.system_choice import choose_part
+    from pipeline.evaluation.edge_judge import admitted, edge_row
+
+    gates = []
+    while True:
+        chosen, out = choose_part(role, rows, chain.ref_of(role), min_speedup)
+        if chosen["precision"] == "fp32" or not ctx.cfg.system.edge_pages:
+            return (chosen, out), gates
+        g = edge_row(ctx, chain, role, (chosen["engine"], chosen["precision"]), threads)
+        gates.append(g)
+        row = next(x for x in rows if (x["engine"], x["precision"]) == (chosen["engine"], chosen["precision"]))
+        row["edge_lines_kept"] = g.value
+        if admitted(g):
+            chosen["edge_lines_kept"] = g.value
+            return (chosen, [dict(x, edge_lines_kept=g.value) if x["verdict"] == "chosen" else x for x in out]), gates
+        log.info("[system] %s %s %s rewrites the edge pages' text: %s", role, row["engine"], row["precision"],
+                 g.reason)
+        row.update(passed=False, verdict="rewrites edge text", detail=g.reason)
+
 
 
 def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
@@ -126,4 +155,3 @@ def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
     chain.served = served
     _close(chain, "")       # the HTTP row and verify load their own
     return gates + [g]
-
