@@ -64,6 +64,30 @@ def system_parts(system_config: str | Path = DEFAULT_SYSTEM) -> tuple:
     return spec, rec, cls
 
 
+def system_detector(system_config: str | Path, tmp: str) -> IrDetector:
+    """The system's detector (its run's ONNX) as an OpenVINO f32 IR at one thread: what reads the tuning pages into
+    crops when a recogniser is judged."""
+    from pipeline.core.config import load_config
+    from pipeline.engines import ov as ovx
+
+    det_cfg = load_config([ROOT / load_config([ROOT / system_config]).system.detection])
+    run = ROOT / det_cfg.run.root / det_cfg.run.name
+    return IrDetector(ovx.save_f32_ir(_onnx(run, tmp), Path(tmp) / "system_det.xml"), "f32")
+
+
+def page_crop_sets(pages: list[np.ndarray], det, spec, cls) -> list[list[np.ndarray]]:
+    """Per page, the crops the recogniser reads: the system's boxes, turned as its classifier says."""
+    from pipeline.ocr.system import classify_crops, page_crops
+
+    out = []
+    for p in pages:
+        crops = page_crops(p, det, spec, None).crops
+        angles = classify_crops(crops, cls, spec) if crops and cls is not None else None
+        out.append([np.ascontiguousarray(c[::-1, ::-1]) if a else c for c, a in zip(crops, angles)]
+                   if angles else crops)
+    return out
+
+
 def tuning_pages(n: int, seed: int | None = None) -> list[np.ndarray]:
     from pipeline.data.edge_pages import DEFAULT_SEED, installed_fonts, render_edge_pages
 

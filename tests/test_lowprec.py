@@ -255,3 +255,8 @@ def test_bf16_keep_list_rule_takes_the_fewest_f32_layers_the_gate_allows_with_a_
     assert keep.advise([{**t, "holds": False} for t in trials], 1.10)["k"] == 16       # the fewest changes
     assert keep.advise([{**t, "holds": t["k"] == 32} for t in trials], 1.10)["k"] == 16   # 32 is too slow
     assert keep.advise([{k: v for k, v in t.items() if k != "holds"} for t in trials], 1.10)["k"] == 16  # no labels
+    # a competing list (--compete, tried first) wins only on fewer changes, never by its place; equal changes: smaller k
+    served = {"k": 32, "changed": 3, "speed_vs_f32": 1.2, "holds": False, "label": "served"}
+    assert keep.advise([served] + [{**t, "holds": False} for t in trials], 1.10)["k"] == 16
+    assert keep.advise([{**served, "changed": 2}] + trials[:1], 1.10)["label"] == "served"
+    assert keep.advise([{**served, "speed_vs_f32": 1.0}, {**trials[0], "speed_vs_f32": 1.0}], 1.10)["k"] == 0

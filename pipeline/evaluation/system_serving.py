@@ -55,9 +55,13 @@ def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) ->
 
 
 def _close(chain: Chain, tag: str) -> None:
-    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one)."""
+    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one), and give their freed heap
+    back to the kernel (the stage's peak RSS: each loop's engines would otherwise stay in glibc's arenas)."""
+    from pipeline.core import resources
+
     for key in [k for k in chain.engines if str(k[3]).startswith(tag)]:
         getattr(chain.engines.pop(key), "close", lambda: None)()
+    resources.release_memory()
 
 
 def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
@@ -111,6 +115,7 @@ def _admit_on_edge_pages(ctx, chain: Chain, role: str, rows: list, min_speedup: 
         if chosen["precision"] == "fp32" or not ctx.cfg.system.edge_pages:
             return (chosen, out), gates
         g = edge_row(ctx, chain, role, (chosen["engine"], chosen["precision"]), threads)
+        _close(chain, "")       # its engines and the fp32 chain's: the stage's peak RSS (issue 48's 4 GB)
         gates.append(g)
         row = next(x for x in rows if (x["engine"], x["precision"]) == (chosen["engine"], chosen["precision"]))
         row["edge_lines_kept"] = g.value
