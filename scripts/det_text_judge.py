@@ -4,7 +4,7 @@ Used by scripts/bf16_keep_layers.py --judge text (the keep list chosen on tuning
 never the real images), and on its own to RE-CHECK chosen lists on the real images afterwards:
 
   .venv/bin/python scripts/det_text_judge.py --run runs/ppocr_v4_det --list new=configs/ppocr_v4_det.yaml \
-      --list old=/tmp/old_det.yaml [--list none=-]
+      --list old=/tmp/old_det.yaml [--list none=-] [--edge-seed 480002]
 
 Each list is a YAML file holding server.bf16.openvino_keep_fp32 (`-`: none, every layer bf16); each list's detector
 (OpenVINO bf16, those segments f32) and the f32 detector read every real page through the system's flow with the
@@ -156,6 +156,29 @@ def recheck(run: Path, lists: dict[str, list[str]], system_config: str) -> dict:
     return out
 
 
+def confirm(run: Path, lists: dict[str, list[str]], system_config: str, seed: int, n: int) -> dict:
+    """Edge pages of another seed (a second tuning split: never the real images): per list, lines changed vs the f32
+    detector, read as the judge that chose the list reads them. Tells a list that won its trials by luck (the
+    fewest of several knife-edge counts) from one that keeps as many lines elsewhere."""
+    import tempfile
+
+    from pipeline.engines import ov as ovx
+    from pipeline.ocr.line_judge import judge_detector
+
+    spec, rec, cls = system_parts(system_config)
+    pages = tuning_pages(n, seed)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ovx.save_f32_ir(_onnx(run, tmp), Path(tmp) / "base.xml")
+        refs = references(pages, IrDetector(base, "f32"), rec, spec, cls)
+        for label, layers in lists.items():
+            ovx.keep_f32_ir(base, ovx.segment_names(base, layers), Path(tmp) / f"{label}.xml")
+            r = judge_detector(pages, IrDetector(Path(tmp) / f"{label}.xml", "bf16"), refs, rec, spec, cls)
+            out[label] = {k: r[k] for k in ("changed", "of", "text", "missing", "extra", "boxes_changed")} | {
+                "k": len(layers)}
+    return out
+
+
 def _row(names: list[str], readings: list, refs: list, crops_known: int) -> dict:
     texts = {n: [ln["text"] for ln in r.lines] for n, r in zip(names, readings)}
     return {"lines": sum(len(r.lines) for r in readings), "ref_lines": sum(len(r.lines) for r in refs),
@@ -176,6 +199,9 @@ def main() -> int:
     ap.add_argument("--list", action="append", default=[], metavar="LABEL=YAML",
                     help="a keep list: a det config holding server.bf16.openvino_keep_fp32 (`-`: every layer bf16)")
     ap.add_argument("--system", default=DEFAULT_SYSTEM, help="system config: flow, recogniser (default %(default)s)")
+    ap.add_argument("--edge-seed", type=int, default=None, help="re-check on edge pages of this seed (a second "
+                    "tuning split, e.g. 480002, the system stage's) instead of the real images")
+    ap.add_argument("--edge-pages", type=int, default=16, help="with --edge-seed: how many pages (default 16)")
     args = ap.parse_args()
     lists = {}
     for item in args.list:
@@ -184,6 +210,13 @@ def main() -> int:
             raise SystemExit(f"det_text_judge: --list {item!r}: expected LABEL=YAML "
                              "(e.g. new=configs/ppocr_v4_det.yaml)")
         lists[label] = _keep_list(path)
+    if args.edge_seed is not None:
+        res = confirm(Path(args.run), lists, args.system, args.edge_seed, args.edge_pages)
+        print(f"edge pages of seed {args.edge_seed} ({args.edge_pages}), lines read through the same fp32 cls + rec")
+        for label, r in res.items():
+            print(f"  {label}, k={r['k']}: {r['changed']} of {r['of']} lines changed vs f32 (text {r['text']}, "
+                  f"missing {r['missing']}, extra {r['extra']}; {r['boxes_changed']} boxes not reproduced to the bit)")
+        return 0
     res = recheck(Path(args.run), lists, args.system)
     print(f"real images, lines read through the same fp32 cls + rec; known texts of {res['of_known']}")
     for label, r in res.items():
