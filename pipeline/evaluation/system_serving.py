@@ -127,7 +127,6 @@ def _admit_on_edge_pages(ctx, chain: Chain, role: str, rows: list, min_speedup: 
         row.update(passed=False, verdict="rewrites edge text", detail=g.reason)
 
 
-
 def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
     """What /ocr serves: pinned parts as pinned, the others chosen on the system's pages; the set is gated together
     (falling back part by part to fp32 when it fails together) and timed against the fp32 chain."""
