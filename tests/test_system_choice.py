@@ -504,10 +504,16 @@ def test_a_row_that_keeps_the_edge_pages_text_serves_with_its_figure(monkeypatch
     def edge_row(ctx, chain, role, pair, threads):
         return Gate("system", f"edge pages {role}", pair[1], pair[1], "edge_lines_kept", value=0.99, status=OK)
 
+    sets = []
     monkeypatch.setattr("pipeline.evaluation.edge_judge.edge_row", edge_row)
-    chain, _, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses, overrides=("system.edge_pages=8",))
+    monkeypatch.setattr("pipeline.evaluation.edge_judge.served_set_reading",
+                        lambda ctx, chain, combo, threads: sets.append(dict(combo)) or {"lines_kept": 0.99, "changed": 1, "of": 100})
+    chain, gates, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses, overrides=("system.edge_pages=8",))
     det = chain.served["detection"]
     assert (det["engine"], det["precision"], det["edge_lines_kept"]) == ("openvino", "bf16", 0.99)
+    # the served set's own reading is recorded on the `as served` row (pinned parts are never judged: this shows them)
+    assert sets == [{"detection": ("openvino", "bf16"), "recognition": ("openvino", "fp32")}]
+    assert gates[-1].extra["edge_pages"] == {"lines_kept": 0.99, "changed": 1, "of": 100}
 
 
 def test_the_edge_row_counts_changed_missing_and_extra_lines_against_the_fp32_chain(monkeypatch):

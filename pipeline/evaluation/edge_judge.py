@@ -56,6 +56,23 @@ def changed_lines(ref: list[list[dict]], got: list[list[dict]]) -> dict:
     return total
 
 
+def _judged(chain, combo: dict, threads: int, pages: int) -> tuple[dict, dict, float, str]:
+    """(the fp32 chain's reading, changed_lines of combo's reading against it, share kept, what combo ran)."""
+    ref = reference(chain, threads, pages)
+    got, effective = _read(chain, combo, threads, ref["pages"])
+    n = changed_lines(ref["lines"], got)
+    return ref, n, (1.0 - n["changed"] / n["of"] if n["of"] else 1.0), effective
+
+
+def served_set_reading(ctx, chain, combo: dict, threads: int) -> dict:
+    """The served set's own reading of the edge pages, for the record (the `as served` row's extra, never a check):
+    a pinned part is never judged, so this is where what it does to tight boxes shows."""
+    ref, n, kept, effective = _judged(chain, combo, threads, int(ctx.cfg.system.edge_pages))
+    return {"lines_kept": round(kept, 4), **n, "pages": len(ref["pages"]), "seed": ref["seed"], "ran": effective,
+            "how": "the served set against the fp32 chain on the edge pages; recorded, not gated (pinned parts are "
+                   "not judged)"}
+
+
 def edge_row(ctx, chain, role: str, pair: tuple[str, str], threads: int) -> Gate:
     """`edge pages <role>: <engine> <precision>`: that row with the other parts on the fp32 chain's rows, its lines
     on the edge pages against the fp32 chain's; EXCLUDED (a candidate) when it keeps too few."""
@@ -64,10 +81,7 @@ def edge_row(ctx, chain, role: str, pair: tuple[str, str], threads: int) -> Gate
     subject = f"edge pages {role}: {pair[0]} {pair[1]}"
 
     def read() -> Gate:
-        ref = reference(chain, threads, int(sc.edge_pages))
-        got, effective = _read(chain, combo, threads, ref["pages"])
-        n = changed_lines(ref["lines"], got)
-        kept = 1.0 - n["changed"] / n["of"] if n["of"] else 1.0
+        ref, n, kept, effective = _judged(chain, combo, threads, int(sc.edge_pages))
         ok = kept >= sc.edge_lines_kept - 1e-12
         g = Gate("system", subject, pair[1], effective, METRIC, value=round(kept, 4), reference=1.0,
                  checks=[Check("lines_same_as_fp32_chain_on_edge_pages", round(kept, 4), sc.edge_lines_kept, ">=",

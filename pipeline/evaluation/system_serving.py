@@ -152,6 +152,18 @@ def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
                              why=f"fp32 fallback: the chosen set failed its gate together ({g.reason})")
     for r, p in served.items():
         log.info("[system] %s serves %s %s (%s): %s", r, p["engine"], p["precision"], p["by"], p["why"])
+    if ctx.cfg.system.edge_pages and any(p != "fp32" for _, p in full.values()):
+        from pipeline.evaluation.edge_judge import served_set_reading
+
+        try:
+            e = served_set_reading(ctx, chain, full, threads)
+            log.info("[system] the served set on the edge pages (recorded, not gated): %s of %s lines changed",
+                     e["changed"], e["of"])
+        except Exception as exc:    # a record, not a gate: its failure is written down, the stage goes on
+            e = {"error": f"{type(exc).__name__}: {exc}"}
+            log.warning("[system] the served set could not read the edge pages: %s", e["error"])
+        g.extra["edge_pages"] = e
+        _close(chain, "")
     t = time_combos(chain, {"as served": full}, threads)
     g.extra.update(served=served, timing={**t, "how": "interleaved, fresh engines warmed on the same pages, pages "
                                                       "of varied shape"},
