@@ -116,12 +116,6 @@ def advise(trials: list[dict], min_speedup: float) -> dict:
     return min(fast, key=lambda t: (t["changed"], t["k"]))
 
 
-def _keep_list(path: str) -> list[str]:
-    import det_text_judge
-
-    return det_text_judge._keep_list(path)
-
-
 def _trial(ovx, base, tmp, ranked, k, x, ref, post, batch, judge, text_judge=None, rounds: int = 5) -> dict:
     names = [n for s in ranked[:k] for n in s["names"]]
     ovx.keep_f32_ir(base, names, Path(tmp) / "keep.xml")
@@ -200,7 +194,7 @@ def _rec_text_judge(args, tmp: str, n_rank: int):
     from pipeline.ocr import ppocr
     from pipeline.ocr.system import recognize_crops
 
-    spec, rec, cls = tj.system_parts(args.system)
+    spec, _, cls = tj.system_parts(args.system)
     share = (1 - _lines_kept(args.system)) * MARGIN
     t0 = time.perf_counter()
     sets = tj.page_crop_sets(tj.tuning_pages(args.samples or 16, args.seed), tj.system_detector(args.system, tmp),
@@ -214,7 +208,6 @@ def _rec_text_judge(args, tmp: str, n_rank: int):
 
     def read(xml: Path, hint: str) -> list[list[str]]:
         eng = tj.IrDetector(xml, hint)
-        eng.input_shape = rec.input_shape           # dynamic width: the flow pads each batch to its widest crop
         return [recognize_crops(s, eng, spec)[0] if s else [] for s in sets]
 
     def judge(xml: Path) -> dict:
@@ -327,8 +320,10 @@ def main() -> int:
         trials = []
         segments = {s["layer"]: s for s in ovx.layer_segments(base)}
         for item in args.compete:       # an existing list, judged and timed alike, competes under the same rule
+            from det_text_judge import keep_list
+
             label, _, path = item.partition("=")
-            mine = [segments.get(n, {"layer": n, "names": [n]}) for n in _keep_list(path)]
+            mine = [segments.get(n, {"layer": n, "names": [n]}) for n in keep_list(path)]
             t = _trial(ovx, base, tmp, mine, len(mine), x, ref, post, batch, judge, text_judge, args.rounds)
             trials.append(t | {"label": label})
             print(f"[{label}] " + _report(t, post, batch, judge, text_judge is not None), flush=True)

@@ -29,7 +29,8 @@ DEFAULT_SYSTEM = "configs/ppocr_v4_system.yaml"
 
 
 class IrDetector:
-    """An OpenVINO IR compiled at one precision hint, one thread: the `det` engine the system's flow calls."""
+    """An OpenVINO IR compiled at one precision hint, one thread: an engine the system's flow calls (the `det` one;
+    a recogniser's too, its input_shape saying whether its width is dynamic)."""
     kind = "openvino"
 
     def __init__(self, xml, hint: str):
@@ -39,6 +40,7 @@ class IrDetector:
         self._c = shared_core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": hint,
                                                                 "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1,
                                                                 "PERFORMANCE_HINT": "LATENCY"})
+        self.input_shape = [d.get_length() if d.is_static else -1 for d in self._c.input(0).get_partial_shape()]
 
     def run(self, x: np.ndarray) -> np.ndarray:
         return self._c(np.ascontiguousarray(x))[0]
@@ -76,16 +78,11 @@ def system_detector(system_config: str | Path, tmp: str) -> IrDetector:
 
 
 def page_crop_sets(pages: list[np.ndarray], det, spec, cls) -> list[list[np.ndarray]]:
-    """Per page, the crops the recogniser reads: the system's boxes, turned as its classifier says."""
-    from pipeline.ocr.system import classify_crops, page_crops
+    """Per page, the crops the recogniser reads: the system's boxes, turned as its classifier says (page_crops:
+    classify_crops turns them in place)."""
+    from pipeline.ocr.system import page_crops
 
-    out = []
-    for p in pages:
-        crops = page_crops(p, det, spec, None).crops
-        angles = classify_crops(crops, cls, spec) if crops and cls is not None else None
-        out.append([np.ascontiguousarray(c[::-1, ::-1]) if a else c for c, a in zip(crops, angles)]
-                   if angles else crops)
-    return out
+    return [page_crops(p, det, spec, cls).crops for p in pages]
 
 
 def tuning_pages(n: int, seed: int | None = None) -> list[np.ndarray]:
@@ -108,7 +105,7 @@ def references(pages: list[np.ndarray], det, rec, spec, cls) -> list:
     return [read_system_page(p, det, rec, spec, cls) for p in pages]
 
 
-def _keep_list(path: str) -> list[str]:
+def keep_list(path: str) -> list[str]:
     import yaml
 
     if path == "-":
@@ -209,7 +206,7 @@ def main() -> int:
         if not sep or not label:
             raise SystemExit(f"det_text_judge: --list {item!r}: expected LABEL=YAML "
                              "(e.g. new=configs/ppocr_v4_det.yaml)")
-        lists[label] = _keep_list(path)
+        lists[label] = keep_list(path)
     if args.edge_seed is not None:
         res = confirm(Path(args.run), lists, args.system, args.edge_seed, args.edge_pages)
         print(f"edge pages of seed {args.edge_seed} ({args.edge_pages}), lines read through the same fp32 cls + rec")
