@@ -227,7 +227,7 @@ def test_ctrl_c_in_a_stage_is_one_line_and_exit_130(tmp_path):
 
     args = [sys.executable, "-m", "pipeline", "run", "train", "-c", "configs/smoke.yaml", "-o", "run.name=ctrlc",
             "-o", f"run.root={tmp_path / 'runs'}", "-o", f"regression.history={tmp_path / 'h.sqlite'}",
-            "-o", "train.epochs=50"]
+            "-o", "train.epochs=2000"]   # never done before the signal, even on a fast host
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     started = tmp_path / "runs" / "ctrlc" / ".work" / "train"
