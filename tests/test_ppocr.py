@@ -528,3 +528,44 @@ def test_rec_bucket_pads_batch_widths_to_its_multiples_and_0_keeps_paddleocrs():
     rec.widths.clear()
     recognize_crops(crops, rec, dataclasses.replace(spec, flow={**spec.flow, "rec_bucket": 128}))
     assert sorted(rec.widths) == [384, 384, 768]
+
+
+def test_lanes_start_the_largest_page_first_and_answer_in_order():
+    """PageLanes.read starts pages by the detector input's size, largest first (a big page left for last keeps one
+    lane busy while the others idle), and returns each page's reading in the pages' own order."""
+    from pipeline.ocr.lanes import PageLanes, page_cost
+    from pipeline.ocr.system import SystemSpec
+
+    class _BlobDetector:      # one text blob per 64 columns of its input; records the widths it is asked for
+        kind, effective_precision = "fake", "fp32"
+
+        def __init__(self, seen):
+            self.seen = seen
+
+        def run(self, x):
+            self.seen.append(x.shape[-1])
+            prob = np.zeros((1, 1, *x.shape[2:]), np.float32)
+            for j in range(x.shape[-1] // 64):
+                prob[..., 20:44, j * 64 + 8:j * 64 + 56] = 0.9
+            return prob
+
+    class _Reader:            # every crop reads the charset's one character
+        kind, effective_precision, input_shape = "fake", "fp32", [-1, 3, 48, -1]
+
+        def run(self, x):
+            return np.tile(np.array([0.0, 1.0], np.float32), (len(x), 8, 1))
+
+    spec = SystemSpec({"resize": "limit", "limit_side_len": 64, "limit_type": "min"},
+                      {"thresh": 0.3, "box_thresh": 0.6, "unclip_ratio": 1.5, "max_candidates": 10},
+                      {"height": 48, "width": 320}, {"charset": ["x"]})
+    pages = [np.full((64, w, 3), 255, np.uint8) for w in (128, 512, 64, 256)]
+    assert [page_cost(p, spec) for p in pages] == [64 * 128, 64 * 512, 64 * 64, 64 * 256]
+    seen: list[int] = []
+    lanes = PageLanes(lambda: (_BlobDetector(seen), _Reader(), None, spec), 1)
+    try:
+        got = lanes.read(pages)
+    finally:
+        lanes.close()
+    assert seen == [512, 256, 128, 64]                      # started largest first
+    assert [n for _, n in got] == [2, 8, 1, 4]              # answered in the pages' order
+    assert all(ln["text"] == "x" for lines, _ in got for ln in lines)

@@ -15,9 +15,20 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.ocr import ppocr
 from pipeline.ocr.system import read_page
 
 EngineSet = tuple        # (det, rec, cls or None, spec): what pipeline.bundle.system.served_system returns
+
+
+def page_cost(page: np.ndarray, spec) -> int:
+    """A page's relative reading time: the pixels of the detector's input (the detector is ~70 % of a page,
+    docs/serving_choice.md), at the limit rule's size for a PaddleOCR flow, else the page's own."""
+    h, w = page.shape[:2]
+    pre = getattr(spec, "det_pre", None) or {}
+    if pre.get("resize") == "limit":
+        h, w = ppocr.det_resize_shape(h, w, int(pre["limit_side_len"]), pre["limit_type"])
+    return h * w
 
 
 class PageLanes:
@@ -49,8 +60,14 @@ class PageLanes:
         return self.submit(page, max_boxes).result()
 
     def read(self, pages: list[np.ndarray], max_boxes: int = 0) -> list[tuple[list[dict], int]]:
-        """Every page, up to `lanes` at once, results in the pages' order."""
-        return [f.result() for f in [self.submit(p, max_boxes) for p in pages]]
+        """Every page, up to `lanes` at once, results in the pages' order. The pages start largest first (the
+        detector's input area, `page_cost`): a big page left for last keeps one lane busy while the others idle,
+        so a batch ends when its longest page would have (longest-processing-time order); what each page reads
+        does not depend on its lane or its turn."""
+        spec = self.sets[0][3]
+        order = sorted(range(len(pages)), key=lambda i: -page_cost(pages[i], spec))
+        futures = dict(zip(order, [self.submit(pages[i], max_boxes) for i in order]))
+        return [futures[i].result() for i in range(len(pages))]
 
     def close(self) -> None:
         for t in self._threads:
