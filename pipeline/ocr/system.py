@@ -21,7 +21,7 @@ from PIL import Image
 
 from pipeline.core.errors import NonFiniteError
 from pipeline.data.preprocess import fit_image, to_tensor
-from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices, is_probabilities
+from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices, probability_row_sums
 from pipeline.ocr import ppocr
 from pipeline.data.crop import crop_quad
 from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
@@ -65,20 +65,22 @@ class SystemSpec:
         return self.det_pre.get("resize") == "limit"
 
 
-def _probabilities(out: np.ndarray) -> np.ndarray:
-    """Class probabilities [N, T, C]: exported PP-OCR recognisers end in softmax (a reduced-precision softmax's rows
-    are renormalised), ours in logits."""
-    if is_probabilities(out):
-        p = out.astype(np.float64)
-        return p / p.sum(axis=-1, keepdims=True)
+def _top_probabilities(out: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """Each step's probability of its best class [N, T], float64: exported PP-OCR recognisers end in softmax (a
+    reduced-precision softmax's rows are renormalised: the best class over its row's sum), ours in logits (softmax's
+    largest value, exp(0) over the row's sum of exp(z - max)). Only the best class is divided: a [N, T, C] float64
+    copy of a v5 recogniser's 18385 classes cost 6x the rest of the decoding (36 ms a batch of 6, 2026-12-07)."""
+    sums = probability_row_sums(out)
+    if sums is not None:
+        return np.take_along_axis(out, best[..., None], axis=-1)[..., 0].astype(np.float64) / sums
     z = out.astype(np.float64) - out.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    return p / p.sum(axis=-1, keepdims=True)
+    return 1.0 / np.exp(z).sum(axis=-1)
 
 
 def _line_scores(out: np.ndarray) -> list[float]:
     """PaddleOCR's rec score: mean probability of the characters kept by greedy CTC decoding."""
-    best, conf = out.argmax(axis=-1), _probabilities(out).max(axis=-1)
+    best = out.argmax(axis=-1)
+    conf = _top_probabilities(out, best)
     keep = np.ones_like(best, dtype=bool)
     keep[:, 1:] = best[:, 1:] != best[:, :-1]
     keep &= best != 0

@@ -23,10 +23,18 @@ PROB_SUM_ATOL = 0.01
 
 def is_probabilities(outputs: np.ndarray) -> bool:
     """PaddleOCR's exported recognizers end in softmax: every row is in [0, 1] and sums to 1 (to PROB_SUM_ATOL)."""
+    return probability_row_sums(outputs) is not None
+
+
+def probability_row_sums(outputs: np.ndarray) -> np.ndarray | None:
+    """The rows' sums in float64 when `outputs` are probabilities (is_probabilities), else None: a caller that
+    renormalises the rows needs them anyway."""
     # min/max in the output's own dtype, row sums accumulated in float64: no float64 copy of [N, T, C] per batch
     o = np.asarray(outputs)
-    return bool(o.size) and float(o.min()) >= 0.0 and float(o.max()) <= 1.0 + PROB_SUM_ATOL and \
-        bool(np.allclose(o.sum(axis=-1, dtype=np.float64), 1.0, rtol=0.0, atol=PROB_SUM_ATOL))
+    if not o.size or float(o.min()) < 0.0 or float(o.max()) > 1.0 + PROB_SUM_ATOL:
+        return None
+    sums = o.sum(axis=-1, dtype=np.float64)
+    return sums if np.allclose(sums, 1.0, rtol=0.0, atol=PROB_SUM_ATOL) else None
 
 
 def ctc_greedy_decode(logits: np.ndarray, blank: int = BLANK) -> list[list[int]]:
