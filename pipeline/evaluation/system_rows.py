@@ -136,6 +136,17 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
     return chain.engines[key]
 
 
+def close_engines(chain: Chain, tag: str = "") -> None:
+    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one), and give their freed heap
+    back to the kernel (the stage's peak RSS: each loop's engines would otherwise stay in glibc's arenas; chain_engine
+    loads an engine again when it is asked for)."""
+    from pipeline.core import resources
+
+    for key in [k for k in chain.engines if str(k[3]).startswith(tag)]:
+        getattr(chain.engines.pop(key), "close", lambda: None)()
+    resources.release_memory()
+
+
 def lines_kept(g: Gate) -> Gate:
     """The system gates plus what users read: lines identical to the fp32 chain's >= MIN_LINES_KEPT."""
     from pipeline.core.gates import agreement_check

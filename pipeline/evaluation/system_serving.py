@@ -9,7 +9,7 @@ import logging
 
 from pipeline.bundle.system_choice import SERVED
 from pipeline.core.gates import OK, Gate, apply_role
-from pipeline.evaluation.system_rows import Chain, chain_engine, combo_row
+from pipeline.evaluation.system_rows import Chain, chain_engine, close_engines, combo_row
 
 log = logging.getLogger("pipeline")
 
@@ -51,17 +51,7 @@ def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) ->
     try:
         return time_sets(sets, rounds, read, warmup=warm)
     finally:
-        _close(chain, "timing")
-
-
-def _close(chain: Chain, tag: str) -> None:
-    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one), and give their freed heap
-    back to the kernel (the stage's peak RSS: each loop's engines would otherwise stay in glibc's arenas)."""
-    from pipeline.core import resources
-
-    for key in [k for k in chain.engines if str(k[3]).startswith(tag)]:
-        getattr(chain.engines.pop(key), "close", lambda: None)()
-    resources.release_memory()
+        close_engines(chain, "timing")
 
 
 def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], dict]:
@@ -81,7 +71,7 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
             log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
         rows[r] += kept_out
         gates += g
-    _close(chain, "")        # the engines that read the gate pages: timing loads its own (time_combos)
+    close_engines(chain, "")        # the engines that read the gate pages: timing loads its own (time_combos)
     min_speedup = ctx.cfg.server.recommend.min_speedup
     for r in free:      # one loop per part: its candidates and the fp32 chain, each on a fresh engine
         combos = {f"{r}: {x['engine']} {x['precision']}": {q: (x["engine"], x["precision"]) if q == r
@@ -115,7 +105,7 @@ def _admit_on_edge_pages(ctx, chain: Chain, role: str, rows: list, min_speedup: 
         if chosen["precision"] == "fp32" or not ctx.cfg.system.edge_pages:
             return (chosen, out), gates
         g = edge_row(ctx, chain, role, (chosen["engine"], chosen["precision"]), threads)
-        _close(chain, "")       # its engines and the fp32 chain's: the stage's peak RSS (issue 48's 4 GB)
+        close_engines(chain, "")       # its engines and the fp32 chain's: the stage's peak RSS (issue 48's 4 GB)
         gates.append(g)
         row = next(x for x in rows if (x["engine"], x["precision"]) == (chosen["engine"], chosen["precision"]))
         row["edge_lines_kept"] = g.value
@@ -155,6 +145,7 @@ def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
     if ctx.cfg.system.edge_pages and any(p != "fp32" for _, p in full.values()):
         from pipeline.evaluation.edge_judge import served_set_reading
 
+        close_engines(chain, "")    # the served row's engines: the edge reading loads the fp32 chain's first
         try:
             e = served_set_reading(ctx, chain, full, threads)
             log.info("[system] the served set on the edge pages (recorded, not gated): %s of %s lines changed",
@@ -163,11 +154,11 @@ def served_rows(ctx, chain: Chain, threads: int) -> list[Gate]:
             e = {"error": f"{type(exc).__name__}: {exc}"}
             log.warning("[system] the served set could not read the edge pages: %s", e["error"])
         g.extra["edge_pages"] = e
-        _close(chain, "")
+        close_engines(chain, "")
     t = time_combos(chain, {"as served": full}, threads)
     g.extra.update(served=served, timing={**t, "how": "interleaved, fresh engines warmed on the same pages, pages "
                                                       "of varied shape"},
                    chain_speedup_vs_fp32=round(t["fp32 chain"]["seconds"] / t["as served"]["seconds"], 3))
     chain.served = served
-    _close(chain, "")       # the HTTP row and verify load their own
+    close_engines(chain, "")       # the HTTP row and verify load their own
     return gates + [g]
