@@ -57,10 +57,21 @@ def _read_rows(ctx, parts: dict) -> tuple[list[Gate], Chain]:
     return engine_rows(ctx, subs, spec, pages, keys_for(charset), threads)
 
 
+# the system stage's phases, each checked against server.memory_budget_mb after it ran (issue 48: under 4 GB)
+ROWS_PHASE, BUNDLE_PHASE, HTTP_PHASE, VERIFY_PHASE = ("the engine rows and the serving choice", "writing the bundle",
+                                                      "the HTTP /ocr row", "the bundle's self-verification")
+BUDGET_FIX = ("raise server.memory_budget_mb in the system config, or serve fewer engines (server.engines); each "
+              "phase's peak is in the stage's log")
+
+
 def run(ctx: StageContext) -> StageResult:
+    from pipeline.evaluation.rows import MemoryBudget
+
     cfg, sc = ctx.cfg, ctx.cfg.system
     parts = part_configs(cfg)
+    budget = MemoryBudget(cfg.server.memory_budget_mb, stage="system", fix=BUDGET_FIX)
     gates, chain = _read_rows(ctx, parts)
+    _phase(budget, ROWS_PHASE)
     version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     name = f"{cfg.run.name}-{version}"
     root = Path(cfg.bundle.root) if Path(cfg.bundle.root).is_absolute() else ROOT / cfg.bundle.root
@@ -69,11 +80,14 @@ def run(ctx: StageContext) -> StageResult:
                           hint="set bundle.version to a new value (or leave it null for a timestamp)")
     b = ctx.out_dir / name
     write_bundle(ctx, b, name, version, chain, gates, parts)
+    _phase(budget, BUNDLE_PHASE)
     threads = cfg.server.threads or env.cpu_count()
     if sc.http_pages:
         gates.append(ocr_http_row(ctx, b, chain, threads))
+        _phase(budget, HTTP_PHASE)
     gates.append(run_row("system", "bundle self-verification", "fp32", "failed checks",
                          lambda: verify_gate(b, cfg.lite.timeout, threads), ctx.out_dir / "evidence"))
+    _phase(budget, VERIFY_PHASE)
     if cfg.bundle.archive:
         write_archive(b, ctx.out_dir / f"{name}.tar.gz")
     if all(g.status != FAIL for g in gates):
@@ -82,7 +96,17 @@ def run(ctx: StageContext) -> StageResult:
     summary = {k2: chain.ref[k2] for k2 in ("line_accuracy", "field_accuracy", "lines", "fields")}
     return StageResult(gates=gates, precision={g.subject: g.precision_effective for g in gates},
                        metrics=summary, info={"bundle": str(root / name), "name": name,
-                                              "archive": str(root / name) + ".tar.gz" if cfg.bundle.archive else None})
+                                              "archive": str(root / name) + ".tar.gz" if cfg.bundle.archive else None,
+                                              "memory": budget.record()})
+
+
+def _phase(budget, name: str) -> None:
+    """A phase's peak RSS, logged and kept on the budget's record; past server.memory_budget_mb the stage stops
+    here with one line (nothing is published: publish comes last)."""
+    budget.check(name)
+    if name in budget.rows:
+        log.info("[system] peak RSS in %s: %.0f MB (server.memory_budget_mb %d)", name, budget.rows[name],
+                 budget.budget_mb)
 
 
 def _external(cfg) -> dict[str, Path]:

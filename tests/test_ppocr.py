@@ -354,7 +354,11 @@ def test_page_lanes_read_every_page_as_one_engine_set_does(real):
     finally:
         lanes.close()
     assert got == alone + alone[:1] and got[2] == ([], 0) and len(got[0][0]) >= 4 and len(got[1][0]) == 1
-    assert len(threads_of) == 4 and all(len(t) == 1 for t in threads_of.values())
+    # both lanes read (the first two pages start at once: both detectors ran), each engine on one thread, the two
+    # lanes on two; which lane's recogniser runs depends on timing (the blank page, the largest detector input at
+    # limit min 736, starts first and may keep its lane busy while the other reads every page with text)
+    assert len(threads_of) >= 3 and all(len(t) == 1 for t in threads_of.values())
+    assert len(set().union(*threads_of.values())) == 2
 
 
 class _BigTextDetector:

@@ -28,17 +28,18 @@ def server_device(cfg) -> str:
 
 
 class MemoryBudget:
-    """server.memory_budget_mb: the peak RSS the server stage keeps. Measured, not estimated: each row's peak is the
-    kernel's high-water mark since the row before, and the stage stops with one line right after the row (or the
-    loading) that took it past the budget. Refusing up front would need an estimate, and the ones at hand are upper
-    bounds far from what runs (activations: 523 MB bound vs ~31 MB measured for PP-OCRv4 rec; PTQ at 3x footprint:
-    4.0 GB said, 2.4-2.7 GB measured), so a budget that fits would be refused. A row is not interrupted midway:
-    the peak is read after it."""
+    """server.memory_budget_mb: the peak RSS the server stage keeps (and the system stage, phase by phase).
+    Measured, not estimated: each row's peak is the kernel's high-water mark since the row before, and the stage
+    stops with one line right after the row (or the loading) that took it past the budget. Refusing up front would
+    need an estimate, and the ones at hand are upper bounds far from what runs (activations: 523 MB bound vs ~31 MB
+    measured for PP-OCRv4 rec; PTQ at 3x footprint: 4.0 GB said, 2.4-2.7 GB measured), so a budget that fits would
+    be refused. A row is not interrupted midway: the peak is read after it. stage: the name its line starts with;
+    fix: the hint for a phase (the server stage's rows have their own)."""
 
-    def __init__(self, budget_mb: int):
+    def __init__(self, budget_mb: int, stage: str = "server", fix: str | None = None):
         from pipeline.core import resources
 
-        self.budget_mb, self.rows = budget_mb, {}
+        self.budget_mb, self.rows, self.stage, self.fix = budget_mb, {}, stage, fix
         resources.row_peak_mb()     # a fresh mark: what ran before the stage is not charged to its loading
 
     def check(self, name: str) -> None:
@@ -50,11 +51,13 @@ class MemoryBudget:
             return      # no high-water mark here (not Linux): nothing measured, nothing refused
         self.rows[name] = peak
         if peak > self.budget_mb:
-            where = name if name in (LOADING, FINISHING) else f"row '{name}'"
-            raise GateFailed(f"server: peak RSS {peak:.0f} MB in {where} is over server.memory_budget_mb="
+            where = f"row '{name}'" if self.stage == "server" and name not in (LOADING, FINISHING) else name
+            raise GateFailed(f"{self.stage}: peak RSS {peak:.0f} MB in {where} is over server.memory_budget_mb="
                              f"{self.budget_mb} MB", hint=self._fix(name))
 
     def _fix(self, name: str) -> str:
+        if self.fix:
+            return self.fix
         if name == LOADING:
             return ("raise server.memory_budget_mb: the model, its reference outputs and the calibration data alone "
                     "take that")
