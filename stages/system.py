@@ -58,8 +58,8 @@ def _read_rows(ctx, parts: dict) -> tuple[list[Gate], Chain]:
 
 
 # the system stage's phases, each checked against server.memory_budget_mb after it ran (issue 48: under 4 GB)
-ROWS_PHASE, BUNDLE_PHASE, HTTP_PHASE, VERIFY_PHASE = ("the engine rows and the serving choice", "writing the bundle",
-                                                      "the HTTP /ocr row", "the bundle's self-verification")
+PHASES = ROWS_PHASE, BUNDLE_PHASE, HTTP_PHASE, VERIFY_PHASE = (
+    "the engine rows and the serving choice", "writing the bundle", "the HTTP /ocr row", "the bundle's self-verification")
 BUDGET_FIX = ("raise server.memory_budget_mb in the system config, or serve fewer engines (server.engines); each "
               "phase's peak is in the stage's log")
 
@@ -69,7 +69,7 @@ def run(ctx: StageContext) -> StageResult:
 
     cfg, sc = ctx.cfg, ctx.cfg.system
     parts = part_configs(cfg)
-    budget = MemoryBudget(cfg.server.memory_budget_mb, stage="system", fix=BUDGET_FIX)
+    budget = MemoryBudget(cfg.server.memory_budget_mb, stage="system", phases=PHASES, fix=BUDGET_FIX)
     gates, chain = _read_rows(ctx, parts)
     _phase(budget, ROWS_PHASE)
     version = cfg.bundle.version or datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -269,15 +269,15 @@ def test_the_system_stage_budget_names_its_stage_and_phase():
     from pipeline.core import resources
     from pipeline.core.errors import GateFailed
     from pipeline.evaluation.rows import MemoryBudget
-    from stages.system import BUDGET_FIX, ROWS_PHASE
+    from stages.system import BUDGET_FIX, PHASES, ROWS_PHASE
 
     if resources.hwm_mb() is None:
         pytest.skip("no VmHWM here (not Linux): the budget measures nothing and refuses nothing")
     with pytest.raises(GateFailed) as exc:
-        MemoryBudget(8, stage="system", fix=BUDGET_FIX).check(ROWS_PHASE)
+        MemoryBudget(8, stage="system", phases=PHASES, fix=BUDGET_FIX).check(ROWS_PHASE)
     line = exc.value.one_line()
     assert line.startswith("system: peak RSS") and f"MB in {ROWS_PHASE} is over" in line
     assert "server.memory_budget_mb=8 MB" in line and "in the system config" in line and "\n" not in line
-    kept = MemoryBudget(1 << 20, stage="system", fix=BUDGET_FIX)
+    kept = MemoryBudget(1 << 20, stage="system", phases=PHASES, fix=BUDGET_FIX)
     kept.check(ROWS_PHASE)
     assert list(kept.record()["peak_rss_mb_by_row"]) == [ROWS_PHASE]

@@ -27,6 +27,10 @@ def server_device(cfg) -> str:
     return "gpu" if cfg.server.device in ("auto", "gpu") and caps["gpu"] else "cpu"
 
 
+LOADING = "loading the reference and calibration data"
+FINISHING = "the recommendation and the HTTP row"
+
+
 class MemoryBudget:
     """server.memory_budget_mb: the peak RSS the server stage keeps (and the system stage, phase by phase).
     Measured, not estimated: each row's peak is the kernel's high-water mark since the row before, and the stage
@@ -34,12 +38,14 @@ class MemoryBudget:
     need an estimate, and the ones at hand are upper bounds far from what runs (activations: 523 MB bound vs ~31 MB
     measured for PP-OCRv4 rec; PTQ at 3x footprint: 4.0 GB said, 2.4-2.7 GB measured), so a budget that fits would
     be refused. A row is not interrupted midway: the peak is read after it. stage: the name its line starts with;
-    fix: the hint for a phase (the server stage's rows have their own)."""
+    phases: the checked names that are phases, not rows (the server stage's: LOADING and FINISHING); fix: the hint
+    (default: the server stage's advice for its loading and its rows)."""
 
-    def __init__(self, budget_mb: int, stage: str = "server", fix: str | None = None):
+    def __init__(self, budget_mb: int, stage: str = "server", phases: tuple[str, ...] = (LOADING, FINISHING),
+                 fix: str | None = None):
         from pipeline.core import resources
 
-        self.budget_mb, self.rows, self.stage, self.fix = budget_mb, {}, stage, fix
+        self.budget_mb, self.rows, self.stage, self.phases, self.fix = budget_mb, {}, stage, phases, fix
         resources.row_peak_mb()     # a fresh mark: what ran before the stage is not charged to its loading
 
     def check(self, name: str) -> None:
@@ -51,7 +57,7 @@ class MemoryBudget:
             return      # no high-water mark here (not Linux): nothing measured, nothing refused
         self.rows[name] = peak
         if peak > self.budget_mb:
-            where = f"row '{name}'" if self.stage == "server" and name not in (LOADING, FINISHING) else name
+            where = name if name in self.phases else f"row '{name}'"
             raise GateFailed(f"{self.stage}: peak RSS {peak:.0f} MB in {where} is over server.memory_budget_mb="
                              f"{self.budget_mb} MB", hint=self._fix(name))
 
@@ -67,10 +73,6 @@ class MemoryBudget:
 
     def record(self) -> dict:
         return {"budget_mb": self.budget_mb, "peak_rss_mb_by_row": dict(self.rows)}
-
-
-LOADING = "loading the reference and calibration data"
-FINISHING = "the recommendation and the HTTP row"
 
 
 def settle_memory(served: dict, budget: MemoryBudget | None = None, row: str = "") -> None:

@@ -25,9 +25,8 @@ def page_cost(page: np.ndarray, spec) -> int:
     """A page's relative reading time: the pixels of the detector's input (the detector is ~70 % of a page,
     docs/serving_choice.md), at the limit rule's size for a PaddleOCR flow, else the page's own."""
     h, w = page.shape[:2]
-    pre = getattr(spec, "det_pre", None) or {}
-    if pre.get("resize") == "limit":
-        h, w = ppocr.det_resize_shape(h, w, int(pre["limit_side_len"]), pre["limit_type"])
+    if spec.paddleocr:
+        h, w = ppocr.det_resize_shape(h, w, int(spec.det_pre["limit_side_len"]), spec.det_pre["limit_type"])
     return h * w
 
 
