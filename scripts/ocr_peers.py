@@ -116,7 +116,7 @@ class Ours:
     def _pin(self, bundle: Path, pins: list[str]) -> None:
         """--pin part="engine precision": that part on a row chosen by hand (as system.pin would serve it)."""
         from pipeline.bundle.format import load_infer_config
-        from pipeline.bundle.system import served_engine, sub_bundle
+        from pipeline.bundle.system import recheck_served, served_engine, sub_bundle
 
         attr = {"detection": "det", "recognition": "rec", "classifier": "cls"}
         for pin in pins:
@@ -126,8 +126,9 @@ class Ours:
             engine, prec = row.split()
             part = {"by": "pinned (--pin)", "engine": engine, "precision": prec, "why": f"--pin {pin}"}
             getattr(self, attr[role]).close()
-            setattr(self, attr[role], served_engine(sub_bundle(bundle, load_infer_config(bundle), role), 1, "auto",
-                                                    part, role))
+            sub = sub_bundle(bundle, load_infer_config(bundle), role)
+            eng = served_engine(sub, 1, "auto", part, role)
+            setattr(self, attr[role], recheck_served(eng, sub, self.spec.flow, 1) if role == "recognition" else eng)
 
     def page(self, img: np.ndarray) -> tuple[list[tuple[list, str]], float]:
         from pipeline.ocr.system import read_pages

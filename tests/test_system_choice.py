@@ -48,6 +48,10 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
         assert [(x["engine"], x["precision"], x["verdict"]) for x in out] == \
             ([] if competes else [("openvino", "bf16", "not admitted")])
         assert competes or f"agreement {agreement:.3f} < 0.95" in out[0]["detail"]
+        # read with its lines in doubt re-read at fp32 (flow rec_recheck_margin), the part's own agreement is not
+        # what the system reads: the system gates and the edge judge judge it
+        assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True)
+        assert ch.not_admitted(cfg2, rechecked=True) == []
     # within the part's own budget (verdict chosen/slower) agreement is >= 0.99 by construction: never asked
     bf16.update(verdict="slower", agreement=0.5)
     assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx) and ch.not_admitted(cfg2) == []
@@ -195,7 +199,7 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None, part_s: di
     subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
     cands = {"detection": [ch.FP32_REF, ("openvino", "fp32"), ("openvino", "bf16"), ("paddle-inference", "int8")],
              "recognition": [ch.FP32_REF, ("openvino", "fp32")]}
-    monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg: cands[sub.name[:3]
+    monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg, rechecked=False: cands[sub.name[:3]
                         .replace("det", "detection").replace("rec", "recognition")])
     monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
     monkeypatch.setattr("pipeline.bundle.system.parts_served", lambda sc, s: {

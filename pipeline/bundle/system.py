@@ -158,8 +158,20 @@ def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
     served = cfg.get("served") or {}
     spec, _, _ = spec_of(folder)
     set_opencv_threads(threads)
-    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r), subs_of(folder, cfg))
-    return det, rec, cls, spec
+    subs = subs_of(folder, cfg)
+    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r), subs)
+    return det, recheck_served(rec, subs["recognition"], spec.flow, threads), cls, spec
+
+
+def recheck_served(rec, sub: Path, flow: dict, threads: int):
+    """The served recogniser with the flow's fp32 re-read of its lines in doubt (rec_recheck_margin,
+    pipeline/ocr/recheck.py) by the same runtime's fp32 model; as it is when that is off or it runs fp32."""
+    from pipeline.bundle.serving_choice import load_engine
+    from pipeline.ocr.recheck import rechecked
+
+    kind = (getattr(rec, "serving", None) or {}).get("engine", rec.kind)
+    return rechecked(rec, flow, lambda: load_engine(sub, load_infer_config(sub), kind, threads, "fp32",
+                                                    label="recognition (lines in doubt)"))
 
 
 def reference_engine(sub: Path, threads: int):
@@ -263,7 +275,8 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
         runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / x86_nb, lite_shape(b), timeout), subs)
     if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
         served = cfg.get("served") or {}
-        runs["as served"] = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)
+        det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)
+        runs["as served"] = (det, recheck_served(rec, subs["recognition"], spec.flow, threads), cls)
     sets = {name: _precisions(engines) for name, engines in runs.items()}
     for name, (det, rec, cls) in runs.items():
         got = read_pages(pages, det, rec, spec, batch=LITE_BATCH if name.startswith("lite") else 16, cls=cls)

@@ -38,28 +38,31 @@ MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target
 SERVED = "as served (system.engine=auto)"   # the system row that runs what /ocr serves
 
 
-def rewrites_too_much(c: dict) -> str | None:
+def rewrites_too_much(c: dict, rechecked: bool = False) -> str | None:
     """Why an over-budget row may not compete in the system, or None. The system asks MIN_LINES_KEPT of the lines
     users read to stay identical to the fp32 chain's; a row that rewrites more than that share of its own part's
     validation lines (strict agreement, the gate's data) cannot be expected to keep it on real pages, whatever the
     synthetic system pages say (issue 29: the v4 recogniser's ONNX Runtime int8 row, agreement 0.875 on its own
     lines, kept 0.993 of the synthetic system lines and 28 of 34 real ones). The same bound for every model; rows
-    within server.recommend's budget (agreement >= 0.99) never reach it; detection rows have no agreement."""
+    within server.recommend's budget (agreement >= 0.99) never reach it; detection rows have no agreement.
+    rechecked: the system reads this part's low-precision rows with its lines in doubt re-read at fp32
+    (flow rec_recheck_margin, pipeline/ocr/recheck.py), which the part's own agreement did not: the system gates and
+    the edge judge judge the row as it will read."""
     a = c.get("agreement")
-    if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12:
+    if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12 or rechecked:
         return None
     return (f"over budget and rewrites {1 - a:.1%} of its own validation lines (agreement {a:.3f} < "
             f"{MIN_LINES_KEPT:g}, the share of lines the system keeps): does not compete")
 
 
 def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
-                    max_low: int = MAX_LOW) -> list[tuple[str, str]]:
+                    max_low: int = MAX_LOW, rechecked: bool = False) -> list[tuple[str, str]]:
     """(engine, precision) rows of one part that may compete: the fp32 chain's row (the part's reference), the part's
     recommendation as
     this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
     its bundle (verdict chosen / slower / not faster: "not faster" was timed on the part's fixed-shape inputs, and
     is timed again here; over budget: judged by the system gates instead of the part's budget, unless it rewrites
-    more of its own lines than the system may lose: rewrites_too_much), each engine's
+    more of its own lines than the system may lose: rewrites_too_much, rechecked as there), each engine's
     fastest first, whose kernels this CPU runs and whose model is bundled."""
     from pipeline.core.capabilities import cpu_flags, engine_flags
     from pipeline.bundle import reference
@@ -68,7 +71,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     here = cpu_flags() if here is None else here
     built = built_record(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
-            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c) is None
+            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c, rechecked) is None
             and kernel_refusal(c["precision"], built_flags(built, c["engine"]),
                                engine_flags(c["engine"], here)) is None        # ONEDNN_MAX_CPU_ISA: as serve
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
@@ -82,12 +85,12 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     return list(dict.fromkeys(pairs))
 
 
-def not_admitted(infer_cfg: dict) -> list[dict]:
+def not_admitted(infer_cfg: dict, rechecked: bool = False) -> list[dict]:
     """Rows kept out of the system's choice by rewrites_too_much, as choice rows with their reason (reported in the
     bundle's served.<part>.candidates, never timed)."""
     out = []
     for c in (infer_cfg.get("serving") or {}).get("candidates") or []:
-        why = rewrites_too_much(c)
+        why = rewrites_too_much(c, rechecked)
         if why:
             out.append({"engine": c["engine"], "precision": c["precision"], "passed": False, "verdict": "not admitted",
                         "lines_kept": None, "detail": why})

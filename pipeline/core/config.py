@@ -407,6 +407,7 @@ class SystemCfg(Section):
     turn_check: bool
     det_bucket: int = Field(ge=0)
     rec_bucket: int = Field(ge=0)
+    rec_recheck_margin: float = Field(ge=0, le=1)
     edge_pages: int = Field(ge=0, le=256)
     edge_lines_kept: float = Field(ge=0, le=1)
 

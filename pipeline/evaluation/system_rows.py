@@ -132,7 +132,13 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
     key = (role, kind, prec, tag)
     if key not in chain.engines:
         sub = chain.subs[role]
-        chain.engines[key] = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role)
+        eng = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role)
+        if role == "recognition":       # the flow's fp32 re-read of lines in doubt (shared with the fp32 row)
+            from pipeline.ocr.recheck import rechecked
+
+            eng = rechecked(eng, getattr(chain.spec, "flow", None) or {}, lambda: chain_engine(chain, role, kind, "fp32", threads, tag),
+                            own_exact=False)
+        chain.engines[key] = eng
     return chain.engines[key]
 
 

@@ -30,7 +30,8 @@ from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 # RapidOCR's page steps (ppocr.prepare_page) and the empty-page retry are off unless configured
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
                  "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
-                 "retry_scale": 0.0, "turn_check": False, "det_bucket": 0, "rec_bucket": 0}
+                 "retry_scale": 0.0, "turn_check": False, "det_bucket": 0, "rec_bucket": 0,
+                 "rec_recheck_margin": 0.0}
 
 
 def set_opencv_threads(threads: int) -> int:
