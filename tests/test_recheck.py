@@ -91,7 +91,7 @@ def test_only_the_lines_in_doubt_are_read_again_at_fp32_with_their_batch_width()
 
 
 @pytest.mark.parametrize("margin, label, wrapped", [(0.2, "bf16", True), (0.0, "bf16", False),
-                                                    (0.2, "fp32", False),
+                                                    (0.2, "fp32", False), (0.2, "int8", False),
                                                     (0.2, "fp32 (bf16 not applied: no bf16)", False)])
 def test_the_flow_rechecks_only_a_recogniser_below_fp32(margin, label, wrapped):
     made = []

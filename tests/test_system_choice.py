@@ -52,6 +52,12 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
         # what the system reads: the system gates and the edge judge judge it
         assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True)
         assert ch.not_admitted(cfg2, rechecked=True) == []
+    # only bf16 is re-read (the precision the margin was measured for): an int8 row stays out
+    ort8 = next(c for c in cfg2["serving"]["candidates"] if c["row"] == "onnxruntime int8")
+    ort8.update(verdict="over budget", agreement=0.875)
+    assert ("onnxruntime", "int8") not in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True)
+    assert [x["precision"] for x in ch.not_admitted(cfg2, rechecked=True)] == ["int8"]
+    ort8.update(verdict="slower", agreement=0.995)
     # within the part's own budget (verdict chosen/slower) agreement is >= 0.99 by construction: never asked
     bf16.update(verdict="slower", agreement=0.5)
     assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx) and ch.not_admitted(cfg2) == []
@@ -541,3 +547,25 @@ def test_the_edge_row_counts_changed_missing_and_extra_lines_against_the_fp32_ch
     assert g.extra["edge"] == {"text": 1, "missing": 1, "extra": 0, "changed": 2, "of": 12}
     assert "system.edge_lines_kept" in g.reason and "2 of 12 lines changed" in g.reason
     assert ej.edge_row(ctx, chain, "recognition", ("openvino", "fp32"), 1).status == OK     # the reference is read once
+
+
+def test_a_judged_candidates_engines_are_closed_before_the_next_one_loads():
+    """The gate rows load one candidate at a time (the stage's peak RSS): closing a part's rows of one runtime closes
+    its own engines and its fp32 re-reader, never the fp32 chain's engines or another part's."""
+    from pipeline.evaluation.system_rows import Chain, close_engines
+
+    class E:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    chain = Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs={"detection": None, "recognition": None})
+    keys = [("recognition", "openvino", "bf16", ""), ("recognition", "openvino", "fp32", ""),
+            ("recognition", "paddle-inference", "fp32", ""), ("detection", "openvino", "bf16", ""),
+            ("recognition", "openvino", "bf16", "timing x")]
+    chain.engines = {k: E() for k in keys}
+    engines = dict(chain.engines)
+    close_engines(chain, "", "recognition", "openvino")
+    assert [k for k in keys if engines[k].closed] == keys[:2] + keys[4:]     # tag "": every tag
+    assert set(chain.engines) == set(keys[2:4])

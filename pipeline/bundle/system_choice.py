@@ -45,11 +45,14 @@ def rewrites_too_much(c: dict, rechecked: bool = False) -> str | None:
     synthetic system pages say (issue 29: the v4 recogniser's ONNX Runtime int8 row, agreement 0.875 on its own
     lines, kept 0.993 of the synthetic system lines and 28 of 34 real ones). The same bound for every model; rows
     within server.recommend's budget (agreement >= 0.99) never reach it; detection rows have no agreement.
-    rechecked: the system reads this part's low-precision rows with its lines in doubt re-read at fp32
-    (flow rec_recheck_margin, pipeline/ocr/recheck.py), which the part's own agreement did not: the system gates and
-    the edge judge judge the row as it will read."""
+    rechecked: the system reads this part's bf16 rows with their lines in doubt re-read at fp32 (flow
+    rec_recheck_margin, pipeline/ocr/recheck.py), which the part's own agreement did not: the system gates and the
+    edge judge judge such a row as it will read."""
+    from pipeline.ocr.recheck import RECHECKED
+
     a = c.get("agreement")
-    if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12 or rechecked:
+    if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12 \
+            or (rechecked and c.get("precision") in RECHECKED):
         return None
     return (f"over budget and rewrites {1 - a:.1%} of its own validation lines (agreement {a:.3f} < "
             f"{MIN_LINES_KEPT:g}, the share of lines the system keeps): does not compete")

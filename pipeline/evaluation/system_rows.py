@@ -142,13 +142,19 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
     return chain.engines[key]
 
 
-def close_engines(chain: Chain, tag: str = "") -> None:
-    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one), and give their freed heap
-    back to the kernel (the stage's peak RSS: each loop's engines would otherwise stay in glibc's arenas; chain_engine
-    loads an engine again when it is asked for)."""
+def close_engines(chain: Chain, tag: str = "", role: str | None = None, kind: str | None = None) -> None:
+    """Close and forget the chain's engines whose tag starts with `tag` ("" : every one; with role and kind: only
+    that part's engines of that runtime, never the fp32 chain's), and give their freed heap back to the kernel (the
+    stage's peak RSS: each loop's engines would otherwise stay in glibc's arenas; chain_engine loads an engine again
+    when it is asked for)."""
     from pipeline.core import resources
 
-    for key in [k for k in chain.engines if str(k[3]).startswith(tag)]:
+    def chosen(k) -> bool:
+        if role is None:
+            return True
+        return k[0] == role and k[1] == kind and (k[1], k[2]) != chain.ref_of(role)
+
+    for key in [k for k in chain.engines if str(k[3]).startswith(tag) and chosen(k)]:
         getattr(chain.engines.pop(key), "close", lambda: None)()
     resources.release_memory()
 

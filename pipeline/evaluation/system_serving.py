@@ -25,6 +25,7 @@ def _judge_part(ctx, chain: Chain, role: str, pairs: list, threads: int) -> tupl
             continue
         combo = {r: (kind, prec) if r == role else chain.ref_of(r) for r in chain.subs}
         g = apply_role(combo_row(ctx, chain, f"choice {role}: {kind} {prec}", combo, threads), "candidate")
+        close_engines(chain, "", role, kind)       # its engines (and an fp32 re-reader): one candidate loaded at a time
         gates.append(g)
         rows.append({"engine": kind, "precision": prec, "passed": g.status == OK,
                      "lines_kept": g.extra.get("agreement_with_fp32"), "detail": g.reason})

@@ -137,11 +137,14 @@ class RecheckedRecognizer(Engine):
         self.exact.trim()
 
 
+RECHECKED = ("bf16",)       # the precisions a margin was measured for (int8's errors are larger: never measured)
+
+
 def rechecked(rec: Engine, flow: dict, make_exact, own_exact: bool = True) -> Engine:
     """`rec` as the system reads with it: wrapped in RecheckedRecognizer (make_exact() builds the fp32 engine) when
-    flow["rec_recheck_margin"] > 0 and rec runs below fp32; as it is otherwise."""
+    flow["rec_recheck_margin"] > 0 and rec runs bf16 (RECHECKED); as it is otherwise."""
     margin = float(flow.get("rec_recheck_margin", 0.0) or 0.0)
-    if margin <= 0 or head(rec.effective_precision) == "fp32" or isinstance(rec, RecheckedRecognizer):
+    if margin <= 0 or head(rec.effective_precision) not in RECHECKED or isinstance(rec, RecheckedRecognizer):
         return rec
     return RecheckedRecognizer(rec, make_exact(), margin, float(flow["drop_score"]) if "drop_score" in flow else None,
                                own_exact=own_exact)
