@@ -569,3 +569,33 @@ def test_a_judged_candidates_engines_are_closed_before_the_next_one_loads():
     close_engines(chain, "", "recognition", "openvino")
     assert [k for k in keys if engines[k].closed] == keys[:2] + keys[4:]     # tag "": every tag
     assert set(chain.engines) == set(keys[2:4])
+
+
+def test_a_bf16_recognisers_fp32_re_reader_is_the_fp32_engine_its_loop_already_has(monkeypatch):
+    """system.rec_recheck_margin: the system reads a bf16 recogniser with its lines in doubt re-read at fp32; in a
+    timing loop the re-reader is the fp32 set's engine of the same runtime (one engine fewer), elsewhere the chain's
+    own fp32 engine of that tag; other parts and fp32 rows are never wrapped."""
+    from pipeline.evaluation.system_rows import Chain, chain_engine
+    from pipeline.ocr.recheck import RecheckedRecognizer
+    from pipeline.ocr.system import FLOW_DEFAULTS, SystemSpec
+
+    class E:
+        kind, input_shape, notes, settings, evidence = "openvino", [-1, 3, 48, -1], [], {}, {}
+
+        def __init__(self, prec):
+            self.effective_precision = prec
+
+    monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
+    monkeypatch.setattr("pipeline.bundle.serving_choice.load_engine",
+                        lambda sub, cfg, kind, threads, prec, label="": E(prec))
+    spec = SystemSpec({}, {}, {}, {}, None, {**FLOW_DEFAULTS, "rec_recheck_margin": 0.2})
+    chain = Chain(pages={}, keys={}, spec=spec, ref={}, lines=[], subs={"detection": None, "recognition": None})
+    chain.exact_tags = {("recognition", "openvino"): "timing recognition: openvino fp32"}
+    got = chain_engine(chain, "recognition", "openvino", "bf16", 1, tag="timing recognition: openvino bf16")
+    assert isinstance(got, RecheckedRecognizer) and not got.own_exact
+    assert got.exact is chain.engines[("recognition", "openvino", "fp32", "timing recognition: openvino fp32")]
+    chain.exact_tags = {}
+    alone = chain_engine(chain, "recognition", "openvino", "bf16", 1)
+    assert alone.exact is chain.engines[("recognition", "openvino", "fp32", "")]
+    assert not isinstance(chain_engine(chain, "detection", "openvino", "bf16", 1), RecheckedRecognizer)
+    assert not isinstance(chain_engine(chain, "recognition", "onnxruntime", "fp32", 1), RecheckedRecognizer)

@@ -60,6 +60,7 @@ class Chain:
     engines: dict = field(default_factory=dict)       # (role, engine, precision, tag) → loaded engine, shared
     refs: dict = field(default_factory=dict)          # role → (engine, "fp32") of the part's reference row
     edge: dict | None = None        # the fp32 chain's reading of the edge pages (pipeline/evaluation/edge_judge.py)
+    exact_tags: dict = field(default_factory=dict)    # (role, engine) → tag of the fp32 engine a re-read set shares
 
     def ref_of(self, role: str) -> tuple[str, str]:
         from pipeline.bundle.system_choice import FP32_REF
@@ -136,8 +137,9 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
         if role == "recognition":       # the flow's fp32 re-read of lines in doubt (shared with the fp32 row)
             from pipeline.ocr.recheck import rechecked
 
-            eng = rechecked(eng, getattr(chain.spec, "flow", None) or {}, lambda: chain_engine(chain, role, kind, "fp32", threads, tag),
-                            own_exact=False)
+            exact_tag = chain.exact_tags.get((role, kind), tag)
+            eng = rechecked(eng, getattr(chain.spec, "flow", None) or {},
+                            lambda: chain_engine(chain, role, kind, "fp32", threads, exact_tag), own_exact=False)
         chain.engines[key] = eng
     return chain.engines[key]
 

@@ -42,8 +42,13 @@ def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) ->
     from pipeline.bundle.system_choice import time_sets, timing_pages
 
     every = {"fp32 chain": {r: chain.ref_of(r) for r in chain.subs}, **combos}
-    sets = {k: {r: chain_engine(chain, r, *c[r], threads, tag="timing" if r in shared else f"timing {k}")
-                for r in chain.subs} for k, c in every.items()}
+    tag = {k: {r: "timing" if r in shared else f"timing {k}" for r in chain.subs} for k in every}
+    # a bf16 recogniser's fp32 re-reads (pipeline/ocr/recheck.py) go to the fp32 set's engine of its runtime when
+    # the loop has one: one engine fewer per re-read set (the stage's peak RSS), both warmed on the same pages
+    chain.exact_tags = {(r, c[r][0]): tag[k][r] for k, c in every.items() for r in chain.subs
+                        if r not in shared and c[r][1] == "fp32"}
+    sets = {k: {r: chain_engine(chain, r, *c[r], threads, tag=tag[k][r]) for r in chain.subs}
+            for k, c in every.items()}
 
     def read(page, e):
         read_pages([page], e["detection"], e["recognition"], chain.spec, cls=e.get("classifier"))
@@ -52,6 +57,7 @@ def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) ->
     try:
         return time_sets(sets, rounds, read, warmup=warm)
     finally:
+        chain.exact_tags = {}
         close_engines(chain, "timing")
 
 
