@@ -50,8 +50,14 @@ def test_candidates_are_the_fp32_chain_the_recommendation_fp32_rows_and_the_fast
         assert competes or f"agreement {agreement:.3f} < 0.95" in out[0]["detail"]
         # read with its lines in doubt re-read at fp32 (flow rec_recheck_margin), the part's own agreement is not
         # what the system reads: the system gates and the edge judge judge it
-        assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True)
-        assert ch.not_admitted(cfg2, rechecked=True) == []
+        bf16["speed_vs_fp32_in_row"] = {"batch1": 1.43, "batchN": 1.73}
+        assert ("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True, min_speedup=1.1)
+        assert ch.not_admitted(cfg2, rechecked=True, min_speedup=1.1) == []
+        # ... when it is fast enough alone to pay for the re-reads (the v4 Paddle bf16: 0.98x at batch 1)
+        bf16["speed_vs_fp32_in_row"] = {"batch1": 0.975, "batchN": 1.22}
+        assert (("openvino", "bf16") in ch.part_candidates(sub2, cfg2, here=amx, rechecked=True,
+                                                           min_speedup=1.1)) == competes
+        del bf16["speed_vs_fp32_in_row"]
     # only bf16 is re-read (the precision the margin was measured for): an int8 row stays out
     ort8 = next(c for c in cfg2["serving"]["candidates"] if c["row"] == "onnxruntime int8")
     ort8.update(verdict="over budget", agreement=0.875)
@@ -205,7 +211,7 @@ def _stub_stage(monkeypatch, tmp_path, kept, pin: dict | None = None, part_s: di
     subs = {"detection": tmp_path / "det", "recognition": tmp_path / "rec"}
     cands = {"detection": [ch.FP32_REF, ("openvino", "fp32"), ("openvino", "bf16"), ("paddle-inference", "int8")],
              "recognition": [ch.FP32_REF, ("openvino", "fp32")]}
-    monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg, rechecked=False: cands[sub.name[:3]
+    monkeypatch.setattr("pipeline.bundle.system_choice.part_candidates", lambda sub, cfg, rechecked=False, min_speedup=1.0: cands[sub.name[:3]
                         .replace("det", "detection").replace("rec", "recognition")])
     monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
     monkeypatch.setattr("pipeline.bundle.system.parts_served", lambda sc, s: {

@@ -38,7 +38,16 @@ MIN_LINES_KEPT = 0.95   # lines identical to the fp32 chain's (issue 29's target
 SERVED = "as served (system.engine=auto)"   # the system row that runs what /ocr serves
 
 
-def rewrites_too_much(c: dict, rechecked: bool = False) -> str | None:
+def rechecked_alone_fast_enough(c: dict, min_speedup: float) -> bool:
+    """A bf16 row to be read with fp32 re-reads must be min_speedup its own engine's fp32 alone, at batch 1 and at
+    batch N in its row (speed_vs_fp32_in_row): re-reading only adds time (the v4 recogniser's Paddle bf16, 0.98x /
+    1.22x, would only add a slow row and two Paddle predictors to the stage)."""
+    speed = c.get("speed_vs_fp32_in_row") or {}
+    ratios = [speed.get(p) for p in ("batch1", "batchN")]
+    return all(isinstance(r, (int, float)) and r >= min_speedup for r in ratios)
+
+
+def rewrites_too_much(c: dict, rechecked: bool = False, min_speedup: float = 1.0) -> str | None:
     """Why an over-budget row may not compete in the system, or None. The system asks MIN_LINES_KEPT of the lines
     users read to stay identical to the fp32 chain's; a row that rewrites more than that share of its own part's
     validation lines (strict agreement, the gate's data) cannot be expected to keep it on real pages, whatever the
@@ -47,19 +56,20 @@ def rewrites_too_much(c: dict, rechecked: bool = False) -> str | None:
     within server.recommend's budget (agreement >= 0.99) never reach it; detection rows have no agreement.
     rechecked: the system reads this part's bf16 rows with their lines in doubt re-read at fp32 (flow
     rec_recheck_margin, pipeline/ocr/recheck.py), which the part's own agreement did not: the system gates and the
-    edge judge judge such a row as it will read."""
+    edge judge judge such a row as it will read, when it is fast enough alone to pay for the re-reads
+    (rechecked_alone_fast_enough)."""
     from pipeline.ocr.recheck import RECHECKED
 
     a = c.get("agreement")
     if c.get("verdict") != OVER_BUDGET or a is None or a >= MIN_LINES_KEPT - 1e-12 \
-            or (rechecked and c.get("precision") in RECHECKED):
+            or (rechecked and c.get("precision") in RECHECKED and rechecked_alone_fast_enough(c, min_speedup)):
         return None
     return (f"over budget and rewrites {1 - a:.1%} of its own validation lines (agreement {a:.3f} < "
             f"{MIN_LINES_KEPT:g}, the share of lines the system keeps): does not compete")
 
 
 def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
-                    max_low: int = MAX_LOW, rechecked: bool = False) -> list[tuple[str, str]]:
+                    max_low: int = MAX_LOW, rechecked: bool = False, min_speedup: float = 1.0) -> list[tuple[str, str]]:
     """(engine, precision) rows of one part that may compete: the fp32 chain's row (the part's reference), the part's
     recommendation as
     this CPU runs it, every fp32 row and up to `max_low` low-precision rows that passed their gates and budget in
@@ -74,7 +84,7 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     here = cpu_flags() if here is None else here
     built = built_record(sub)
     rows = [c for c in (infer_cfg.get("serving") or {}).get("candidates") or []
-            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c, rechecked) is None
+            if c.get("verdict") in PASSED + (NOT_FASTER, OVER_BUDGET) and rewrites_too_much(c, rechecked, min_speedup) is None
             and kernel_refusal(c["precision"], built_flags(built, c["engine"]),
                                engine_flags(c["engine"], here)) is None        # ONEDNN_MAX_CPU_ISA: as serve
             and layout.model_exists(Path(sub) / layout.serving_model(c["engine"], c["precision"], sub))]
@@ -88,12 +98,12 @@ def part_candidates(sub: Path, infer_cfg: dict, here: frozenset | None = None,
     return list(dict.fromkeys(pairs))
 
 
-def not_admitted(infer_cfg: dict, rechecked: bool = False) -> list[dict]:
+def not_admitted(infer_cfg: dict, rechecked: bool = False, min_speedup: float = 1.0) -> list[dict]:
     """Rows kept out of the system's choice by rewrites_too_much, as choice rows with their reason (reported in the
     bundle's served.<part>.candidates, never timed)."""
     out = []
     for c in (infer_cfg.get("serving") or {}).get("candidates") or []:
-        why = rewrites_too_much(c, rechecked)
+        why = rewrites_too_much(c, rechecked, min_speedup)
         if why:
             out.append({"engine": c["engine"], "precision": c["precision"], "passed": False, "verdict": "not admitted",
                         "lines_kept": None, "detail": why})

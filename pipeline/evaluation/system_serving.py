@@ -74,8 +74,10 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
         cfg = load_infer_config(sub)
         flow = getattr(chain.spec, "flow", None) or {}
         rechecked = r == "recognition" and float(flow.get("rec_recheck_margin") or 0) > 0
-        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg, rechecked=rechecked), threads)
-        kept_out = not_admitted(cfg, rechecked)
+        floor = ctx.cfg.server.recommend.min_speedup
+        g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg, rechecked=rechecked, min_speedup=floor),
+                                 threads)
+        kept_out = not_admitted(cfg, rechecked, floor)
         for x in kept_out:
             log.info("[system] %s %s %s: %s", r, x["engine"], x["precision"], x["detail"])
         rows[r] += kept_out
