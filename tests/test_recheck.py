@@ -112,3 +112,20 @@ def test_the_config_key_is_checked_and_reaches_the_flow():
     assert flow_of(cfg.section("system")["system"])["rec_recheck_margin"] == cfg.system.rec_recheck_margin
     with pytest.raises(ConfigError, match="rec_recheck_margin"):
         load_config(["configs/ppocr_v4_system.yaml"], ["system.rec_recheck_margin=1.5"])
+
+
+def test_a_read_only_output_is_judged_and_re_read_on_a_copy():
+    """doubtful_lines marks each step's best class in place to find the second: a runtime that hands back a
+    read-only array (a shared output buffer) is copied first, never written to."""
+    doubt = [{A: 0.5, B: 0.45}, {0: 0.97}]
+    exact_line = _probs([[{B: 0.97}, {0: 0.97}]])[0]
+
+    def frozen(x):
+        out = _probs([doubt] * len(x))
+        out.flags.writeable = False
+        return out
+
+    fast = _Stub("bf16", frozen)
+    eng = RecheckedRecognizer(fast, _Stub("fp32", lambda x: np.stack([exact_line] * len(x))), 0.2, None)
+    out = eng.run(np.zeros((2, 3, 4, 9), np.float32))
+    assert np.array_equal(out, np.stack([exact_line] * 2)) and eng.reread == 2

@@ -62,6 +62,11 @@ class Chain:
     edge: dict | None = None        # the fp32 chain's reading of the edge pages (pipeline/evaluation/edge_judge.py)
     exact_tags: dict = field(default_factory=dict)    # (role, engine) → tag of the fp32 engine a re-read set shares
 
+    @property
+    def flow(self) -> dict:
+        """The system's flow settings (empty for a chain without a spec)."""
+        return getattr(self.spec, "flow", None) or {}
+
     def ref_of(self, role: str) -> tuple[str, str]:
         from pipeline.bundle.system_choice import FP32_REF
 
@@ -138,8 +143,8 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
             from pipeline.ocr.recheck import rechecked
 
             exact_tag = chain.exact_tags.get((role, kind), tag)
-            eng = rechecked(eng, getattr(chain.spec, "flow", None) or {},
-                            lambda: chain_engine(chain, role, kind, "fp32", threads, exact_tag), own_exact=False)
+            eng = rechecked(eng, chain.flow, lambda: chain_engine(chain, role, kind, "fp32", threads, exact_tag),
+                            own_exact=False)
         chain.engines[key] = eng
     return chain.engines[key]
 

@@ -66,14 +66,14 @@ def _choose(ctx, chain: Chain, served: dict, threads: int) -> tuple[list[Gate], 
     part's row chosen by the rule (choose_part: min_speedup beyond the round-to-round spread, else fp32)."""
     from pipeline.bundle.format import load_infer_config
     from pipeline.bundle.system_choice import not_admitted, part_candidates
+    from pipeline.ocr.recheck import recheck_margin
 
     free = [r for r, p in served.items() if not str(p.get("by", "")).startswith("pinned")]
     gates, rows = [], {}
     for r in free:
         sub = chain.subs[r]
         cfg = load_infer_config(sub)
-        flow = getattr(chain.spec, "flow", None) or {}
-        rechecked = r == "recognition" and float(flow.get("rec_recheck_margin") or 0) > 0
+        rechecked = r == "recognition" and recheck_margin(chain.flow) > 0
         floor = ctx.cfg.server.recommend.min_speedup
         g, rows[r] = _judge_part(ctx, chain, r, part_candidates(sub, cfg, rechecked=rechecked, min_speedup=floor),
                                  threads)

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.engines.base import Engine
 from pipeline.engines.evidence import head
-from pipeline.ocr.text_metrics import BLANK, probability_row_sums
+from pipeline.ocr.text_metrics import ctc_kept_steps, kept_means, probability_row_sums
 
 # a line whose score is this close to drop_score may be kept by one precision and dropped by the other (the score is
 # the mean probability of the kept characters). On the edge tuning crops the band took 2 of the 16 lines margin 0.2
@@ -26,13 +26,12 @@ SCORE_BAND = 0.05
 
 
 def _collapsed(path: np.ndarray) -> list[int]:
-    keep = np.ones(len(path), dtype=bool)
-    keep[1:] = path[1:] != path[:-1]
-    return path[keep & (path != BLANK)].tolist()
+    return path[ctc_kept_steps(path[None])[0]].tolist()
 
 
 def _top_two(out: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(best value, second value, second class) per step of [N, T, C]; `out` is restored as it was."""
+    """(best value, second value, second class) per step of [N, T, C] without a [N, T, C] copy: `out` (writable)
+    is restored as it was."""
     n, t = np.indices(best.shape)
     first = out[n, t, best].copy()
     out[n, t, best] = -np.inf
@@ -46,7 +45,8 @@ def _top_two(out: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray,
 def doubtful_lines(out: np.ndarray, margin: float, drop_score: float | None = None) -> np.ndarray:
     """Rows of a CTC output [N, T, C] (probabilities, or logits) a close call could rewrite: a step whose best two
     classes are within `margin` in probability and where taking the second changes the collapsed text, or (with
-    drop_score) a line score within SCORE_BAND of drop_score. margin 0: none."""
+    drop_score) a line score within SCORE_BAND of drop_score. margin 0: none. `out` must be writable (it is
+    left as it was)."""
     if margin <= 0 or out.size == 0:
         return np.empty(0, dtype=int)
     best = out.argmax(axis=-1)
@@ -60,9 +60,11 @@ def doubtful_lines(out: np.ndarray, margin: float, drop_score: float | None = No
         gap = (1.0 - np.exp(top2.astype(np.float64) - top1)) / z
         p_best = 1.0 / z
     close = gap < margin
+    near_drop = (np.abs(np.asarray(kept_means(p_best, ctc_kept_steps(best))) - drop_score) < SCORE_BAND
+                 if drop_score is not None else np.zeros(len(out), dtype=bool))
     doubt = []
     for row in range(len(out)):
-        if drop_score is not None and _near_drop(best[row], p_best[row], drop_score):
+        if near_drop[row]:
             doubt.append(row)
             continue
         steps = np.flatnonzero(close[row])
@@ -76,15 +78,6 @@ def doubtful_lines(out: np.ndarray, margin: float, drop_score: float | None = No
                 doubt.append(row)
                 break
     return np.asarray(doubt, dtype=int)
-
-
-def _near_drop(path: np.ndarray, p_best: np.ndarray, drop_score: float) -> bool:
-    """PaddleOCR's line score (mean best probability of the kept steps) within SCORE_BAND of drop_score."""
-    keep = np.ones(len(path), dtype=bool)
-    keep[1:] = path[1:] != path[:-1]
-    keep &= path != BLANK
-    score = float(p_best[keep].mean()) if keep.any() else 0.0
-    return abs(score - drop_score) < SCORE_BAND
 
 
 class RecheckedRecognizer(Engine):
@@ -119,11 +112,12 @@ class RecheckedRecognizer(Engine):
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         out = self.fast._run(x)
+        if not out.flags.writeable:     # doubtful_lines marks the best class in place; the re-reads are written in
+            out = out.copy()
         rows = doubtful_lines(out, self.margin, self.drop_score)
         self.lines += len(x)
         if rows.size:
             self.reread += int(rows.size)
-            out = np.array(out, copy=True) if not out.flags.writeable else out
             out[rows] = self.exact._run(np.ascontiguousarray(x[rows]))
         return out
 
@@ -140,10 +134,15 @@ class RecheckedRecognizer(Engine):
 RECHECKED = ("bf16",)       # the precisions a margin was measured for (int8's errors are larger: never measured)
 
 
+def recheck_margin(flow: dict) -> float:
+    """The flow's rec_recheck_margin (0: off)."""
+    return float(flow.get("rec_recheck_margin", 0.0) or 0.0)
+
+
 def rechecked(rec: Engine, flow: dict, make_exact, own_exact: bool = True) -> Engine:
     """`rec` as the system reads with it: wrapped in RecheckedRecognizer (make_exact() builds the fp32 engine) when
     flow["rec_recheck_margin"] > 0 and rec runs bf16 (RECHECKED); as it is otherwise."""
-    margin = float(flow.get("rec_recheck_margin", 0.0) or 0.0)
+    margin = recheck_margin(flow)
     if margin <= 0 or head(rec.effective_precision) not in RECHECKED or isinstance(rec, RecheckedRecognizer):
         return rec
     return RecheckedRecognizer(rec, make_exact(), margin, float(flow["drop_score"]) if "drop_score" in flow else None,

@@ -21,7 +21,8 @@ from PIL import Image
 
 from pipeline.core.errors import NonFiniteError
 from pipeline.data.preprocess import fit_image, to_tensor
-from pipeline.ocr.text_metrics import ctc_greedy_decode, decode_indices, probability_row_sums
+from pipeline.ocr.text_metrics import (ctc_greedy_decode, ctc_kept_steps, decode_indices, kept_means,
+                                       probability_row_sums)
 from pipeline.ocr import ppocr
 from pipeline.data.crop import crop_quad
 from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
@@ -81,11 +82,7 @@ def _top_probabilities(out: np.ndarray, best: np.ndarray) -> np.ndarray:
 def _line_scores(out: np.ndarray) -> list[float]:
     """PaddleOCR's rec score: mean probability of the characters kept by greedy CTC decoding."""
     best = out.argmax(axis=-1)
-    conf = _top_probabilities(out, best)
-    keep = np.ones_like(best, dtype=bool)
-    keep[:, 1:] = best[:, 1:] != best[:, :-1]
-    keep &= best != 0
-    return [float(c[k].mean()) if k.any() else 0.0 for c, k in zip(conf, keep)]
+    return kept_means(_top_probabilities(out, best), ctc_kept_steps(best))
 
 
 def _finite(out: np.ndarray, what: str, engine) -> None:

@@ -45,11 +45,20 @@ def ctc_greedy_decode(logits: np.ndarray, blank: int = BLANK) -> list[list[int]]
     if logits.ndim != 3:
         raise DataError(f"CTC decoding expects [N, T, C] outputs, got shape {list(logits.shape)}")
     best = logits.argmax(axis=2)                                   # [N, T]
-    # keep a step if it differs from the previous step (first step always) and is not blank
-    changed = np.ones_like(best, dtype=bool)
-    changed[:, 1:] = best[:, 1:] != best[:, :-1]
-    keep = changed & (best != blank)
-    return [row[k].tolist() for row, k in zip(best, keep)]
+    return [row[k].tolist() for row, k in zip(best, ctc_kept_steps(best, blank))]
+
+
+def ctc_kept_steps(best: np.ndarray, blank: int = BLANK) -> np.ndarray:
+    """[N, T] class paths → the steps greedy CTC decoding keeps: a step that differs from the previous one (the
+    first always) and is not blank."""
+    keep = np.ones_like(best, dtype=bool)
+    keep[:, 1:] = best[:, 1:] != best[:, :-1]
+    return keep & (best != blank)
+
+
+def kept_means(conf: np.ndarray, keep: np.ndarray) -> list[float]:
+    """PaddleOCR's rec score per line: the mean of `conf` [N, T] over the kept steps (0 for a line with none)."""
+    return [float(c[k].mean()) if k.any() else 0.0 for c, k in zip(conf, keep)]
 
 
 def decode_indices(seqs: Sequence[Sequence[int]] | np.ndarray, charset: str) -> list[str]:
