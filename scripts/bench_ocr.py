@@ -16,7 +16,8 @@ goes first as often): a neighbour's load hits all alike. 1 thread per engine and
 input shape in the first pass (a one-shot reader's case), a repeat in the others (a server's); pages/s is the mean
 pass's, and each pass's ratios are printed.
 Every core (--cores, default all; 1: skip): the same pages again, ours as lanes (one page per core, each lane its
-own engines at one thread: pipeline/ocr/lanes.py; every page must read exactly as at 1 thread), RapidOCR 3.10 with
+own engines at every core, as `/ocr` serves with serve.ocr_lanes: a page read while the other lane idles gets both;
+pipeline/ocr/lanes.py; every page must read exactly as at 1 thread), RapidOCR 3.10 with
 its own thread settings (every core, one page at a time); interleaved in two halves of the pages (blocks of one page
 per lane would time each block at its slowest page).
 Reported: per image lines, lines identical to the reference (box matched at IoU >= 0.5) and GT.tsv's known texts
@@ -150,7 +151,8 @@ def run(args) -> dict:
 
 
 def all_cores(args, pages: dict, ours_one: dict, ref: dict, ref_lines: int) -> dict:
-    """The same pages at every core: ours as lanes (one page per core, each lane one thread: pipeline/ocr/lanes.py),
+    """The same pages at every core: ours as lanes (one page per core, each lane's engines at every core, as `/ocr`
+    serves with serve.ocr_lanes: pipeline/ocr/lanes.py),
     RapidOCR 3.10 with its own thread settings (every core, one page at a time, as a user runs it); interleaved in
     two halves of the timed pages. Ours must read every page exactly as at one thread."""
     from pipeline.core.env import cpu_count
@@ -234,7 +236,7 @@ def report(res: dict) -> bool:
     a = res.get("all_cores")
     if a:
         t = Table(title=f"The same images at {a['cores']} cores ({a['timed']} timed after the warm-up page, interleaved in "
-                        f"blocks of {a['block']} pages): ours {a['cores']} lanes x 1 thread, RapidOCR 3.10 its own threads")
+                        f"blocks of {a['block']} pages): ours {a['cores']} lanes x {a['cores']} threads, RapidOCR 3.10 its own threads")
         for col in ("system", "what runs", "pages/s", "ours / it", "lines = fp32 reference"):
             t.add_column(col, no_wrap=col != "what runs")
         for n, v in a["systems"].items():

@@ -90,15 +90,16 @@ def warmup_name(images: dict) -> str:
 class Ours:
     """The served system: read_pages on the configured engines, and the crop flow (cls + rec) for crops."""
 
-    def __init__(self, args):
+    def __init__(self, args, threads: int = 1):
         from pipeline.tasks import ppocr_system
 
         if args.bundle:
             from pipeline.bundle.system import served_system
             if not Path(args.bundle).is_dir():
                 raise PipelineError(f"no system bundle at {args.bundle}", hint="make real-ocr (or real-ocr-v5/-v6)")
-            self.det, self.rec, self.cls, self.spec = served_system(Path(args.bundle), threads=1, kind=args.engine)
-            self._pin(Path(args.bundle), args.pin or [])
+            self.det, self.rec, self.cls, self.spec = served_system(Path(args.bundle), threads=threads,
+                                                                    kind=args.engine)
+            self._pin(Path(args.bundle), args.pin or [], threads)
         else:
             from pipeline.core.config import load_config
             from pipeline.ocr.ppocr_models import fetch
@@ -107,13 +108,13 @@ class Ours:
             det_cfg = load_config([ROOT / sys_cfg.system.detection])
             models = fetch()
             self.spec = ppocr_system.spec_from_configs(det_cfg, sys_cfg, models["keys"])
-            self.det, self.rec, self.cls = ppocr_system.engines(models, args.engine or sys_cfg.system.engine, 1,
+            self.det, self.rec, self.cls = ppocr_system.engines(models, args.engine or sys_cfg.system.engine, threads,
                                                                 ROOT / ".cache" / "ppocr" / "onnx")
         self.engine = self.det.kind
         self.label = "ours, " + ", ".join(f"{r[:3]} {p['engine']} {p.get('effective_precision', p['precision'])}"
                                           for r, p in self.served().items())
 
-    def _pin(self, bundle: Path, pins: list[str]) -> None:
+    def _pin(self, bundle: Path, pins: list[str], threads: int = 1) -> None:
         """--pin part="engine precision": that part on a row chosen by hand (as system.pin would serve it)."""
         from pipeline.bundle.format import load_infer_config
         from pipeline.bundle.system import recheck_served, served_engine, sub_bundle
@@ -127,8 +128,8 @@ class Ours:
             part = {"by": "pinned (--pin)", "engine": engine, "precision": prec, "why": f"--pin {pin}"}
             getattr(self, attr[role]).close()
             sub = sub_bundle(bundle, load_infer_config(bundle), role)
-            eng = served_engine(sub, 1, "auto", part, role)
-            setattr(self, attr[role], recheck_served(eng, sub, self.spec.flow, 1) if role == "recognition" else eng)
+            eng = served_engine(sub, threads, "auto", part, role, self.spec.flow)
+            setattr(self, attr[role], recheck_served(eng, sub, self.spec.flow, threads) if role == "recognition" else eng)
 
     def page(self, img: np.ndarray) -> tuple[list[tuple[list, str]], float]:
         from pipeline.ocr.system import read_pages
@@ -252,19 +253,23 @@ class Rapid3:
 
 
 class OursLanes:
-    """Ours at every core: `lanes` engine sets at one thread each (pipeline/ocr/lanes.PageLanes), pages read side by
-    side, as many at once as there are lanes; each lane's lines are exactly read_page's on its engines."""
+    """Ours at every core as `/ocr` serves it with serve.ocr_lanes: `lanes` engine sets (pipeline/ocr/lanes.PageLanes),
+    each at `threads` (default: every core, serve's default: a page read while the other lane idles, e.g. the last of
+    a batch, gets both cores), pages read side by side; each lane's lines are exactly read_page's on its engines."""
 
-    def __init__(self, args, lanes: int):
+    def __init__(self, args, lanes: int, threads: int = 0):
+        from pipeline.core.env import cpu_count
         from pipeline.ocr.lanes import PageLanes
 
+        threads = threads or cpu_count()
+
         def load():
-            o = Ours(args)
+            o = Ours(args, threads)
             self.label, self._served = o.label, o.served()
             return o.det, o.rec, o.cls, o.spec
 
         self.lanes = PageLanes(load, lanes)
-        self.label = f"{self.label}; {lanes} lanes x 1 thread"
+        self.label = f"{self.label}; {lanes} lanes x {threads} threads"
 
     def warm(self, img: np.ndarray) -> list:
         """Every lane reads the warm-up page once (each engine set prepares its own kernels)."""

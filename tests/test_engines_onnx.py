@@ -281,3 +281,48 @@ def test_the_system_stage_budget_names_its_stage_and_phase():
     kept = MemoryBudget(1 << 20, stage="system", phases=PHASES, fix=BUDGET_FIX)
     kept.check(ROWS_PHASE)
     assert list(kept.record()["peak_rss_mb_by_row"]) == [ROWS_PHASE]
+
+
+def test_static_shapes_compile_each_shape_and_keep_the_last_ones(tiny):
+    """OpenVINO's static_shapes (the flow's det_static_shapes): each input shape runs on a model compiled for it, the
+    `size` most recent kept; the answers are the dynamic model's (fp32: other kernels, same values to rounding)."""
+    dyn = registry.make("openvino", tiny["onnx"], "fp32")
+    eng = registry.make("openvino", tiny["onnx"], "fp32", static_shapes=2)
+    assert eng.settings["static_shapes"] == 2 and "static_shapes" not in dyn.settings
+    for n in (1, 3, 1, 5, 3):
+        np.testing.assert_allclose(eng.run(tiny["x"][:n]), dyn.run(tiny["x"][:n]), rtol=1e-5, atol=1e-5)
+    # 1 and 3 compiled, 1 reused, 5 compiled (3, the least recently used, dropped), 3 compiled again
+    assert eng.evidence["static_shapes_compiled"] == 4
+    eng.trim()          # every shape's buffers given back: the next call compiles its shape again
+    eng.run(tiny["x"][:1])
+    assert eng.evidence["static_shapes_compiled"] == 5
+
+
+def test_a_static_shape_that_runs_another_precision_fails_loudly(tiny, monkeypatch):
+    """Each shape's compiled model must run the precision the engine reports (a CPU plugin could pick other kernels
+    for a shape): a shape whose runtime model shows another precision stops with one line naming it."""
+    from collections import Counter
+
+    from pipeline.engines import ov
+
+    eng = registry.make("openvino", tiny["onnx"], "fp32", static_shapes=4)
+    monkeypatch.setattr(ov, "_runtime_precisions", lambda compiled: Counter({"bf16": 3}))
+    with pytest.raises(PipelineError) as e:
+        eng.run(tiny["x"][:2])
+    assert "[2, 1, 16, 16]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_only_openvino_is_given_static_shapes(tiny, monkeypatch):
+    """load_engine passes static_shapes to OpenVINO alone (the runtime here that compiles per shape)."""
+    from pipeline.bundle import serving_choice
+
+    seen = []
+    monkeypatch.setattr(registry, "make_routed", lambda kind, model, prec, settings, **opts: seen.append(opts) or
+                        type("E", (), {"effective_precision": "fp32"})())
+    monkeypatch.setattr(serving_choice.bundle_layout, "model_exists", lambda m: True)
+    settings = {"batch1": {"threads": 1}, "batchN": {"threads": 1}}
+    monkeypatch.setattr(serving_choice, "serving_choice", lambda cfg, kind, prec: (kind, prec or "fp32", settings))
+    monkeypatch.setattr(serving_choice.bundle_layout, "serving_model", lambda kind, prec, folder: "m")
+    for kind in ("openvino", "onnxruntime"):
+        serving_choice.load_engine(tiny["dir"], {}, kind, 1, "fp32", static_shapes=8)
+    assert [o.get("static_shapes") for o in seen] == [8, None]

@@ -352,6 +352,17 @@ def test_every_timed_set_starts_fresh_and_is_warmed_alike_and_closed(monkeypatch
     assert all(e.closed for e in chain.loaded) and chain.engines == {}
 
 
+def test_the_parts_a_loop_does_not_compare_run_on_their_context_engine(monkeypatch, tmp_path):
+    """In each part's timing loop the other parts are one shared engine (tag "timing") of Chain.context_of's row, in
+    every set, the fp32 chain's included: never a reference instance per set."""
+    from pipeline.evaluation.system_rows import Chain
+
+    monkeypatch.setattr(Chain, "context_of", lambda self, role: ("onnxruntime", "fp32"))
+    chain, _, _ = _stub_stage(monkeypatch, tmp_path, _int8_loses)
+    shared = [e for e in _timed_engines(chain) if e.key[3] == "timing"]
+    assert shared and {e.key[1:3] for e in shared} == {("onnxruntime", "fp32")}
+
+
 def _served(chain):
     return {r: (p["engine"], p["precision"]) for r, p in chain.served.items()}
 
@@ -592,9 +603,11 @@ def test_a_bf16_recognisers_fp32_re_reader_is_the_fp32_engine_its_loop_already_h
             self.effective_precision = prec
 
     monkeypatch.setattr("pipeline.bundle.format.load_infer_config", lambda sub: {})
+    shapes = {}
     monkeypatch.setattr("pipeline.bundle.serving_choice.load_engine",
-                        lambda sub, cfg, kind, threads, prec, label="": E(prec))
-    spec = SystemSpec({}, {}, {}, {}, None, {**FLOW_DEFAULTS, "rec_recheck_margin": 0.2})
+                        lambda sub, cfg, kind, threads, prec, label="", static_shapes=0:
+                        shapes.setdefault((label, prec), static_shapes) is not None and E(prec))
+    spec = SystemSpec({}, {}, {}, {}, None, {**FLOW_DEFAULTS, "rec_recheck_margin": 0.2, "det_static_shapes": 4})
     chain = Chain(pages={}, keys={}, spec=spec, ref={}, lines=[], subs={"detection": None, "recognition": None})
     chain.exact_tags = {("recognition", "openvino"): "timing recognition: openvino fp32"}
     got = chain_engine(chain, "recognition", "openvino", "bf16", 1, tag="timing recognition: openvino bf16")
@@ -605,3 +618,23 @@ def test_a_bf16_recognisers_fp32_re_reader_is_the_fp32_engine_its_loop_already_h
     assert alone.exact is chain.engines[("recognition", "openvino", "fp32", "")]
     assert not isinstance(chain_engine(chain, "detection", "openvino", "bf16", 1), RecheckedRecognizer)
     assert not isinstance(chain_engine(chain, "recognition", "onnxruntime", "fp32", 1), RecheckedRecognizer)
+    # the flow's det_static_shapes reaches the detector's engines only
+    assert shapes[("detection", "bf16")] == 4 and shapes[("recognition", "bf16")] == 0
+
+
+def test_a_timing_loops_context_parts_run_on_one_lean_fp32_engine(monkeypatch, tmp_path):
+    """A part a timing loop reads through but does not compare runs on OpenVINO fp32 where that model is bundled and
+    OpenVINO runs (one dynamic-shape model; Paddle's per-shape oneDNN caches over 24 page shapes were the stage's
+    peak RSS), else on its reference."""
+    from pipeline.bundle import layout
+    from pipeline.evaluation.system_rows import Chain
+
+    chain = Chain(pages={}, keys={}, spec=None, ref={}, lines=[], subs={"detection": tmp_path / "det"},
+                  refs={"detection": ("paddle-inference", "fp32")})
+    assert chain.context_of("detection") == ("paddle-inference", "fp32")      # no ONNX model bundled
+    onnx = tmp_path / "det" / layout.serving_model("openvino", "fp32", tmp_path / "det")
+    onnx.parent.mkdir(parents=True)
+    onnx.write_bytes(b"onnx")
+    assert chain.context_of("detection") == ("openvino", "fp32")
+    monkeypatch.setattr("pipeline.engines.registry.available", lambda kind: (False, "not installed"))
+    assert chain.context_of("detection") == ("paddle-inference", "fp32")

@@ -166,11 +166,12 @@ def _runnable_precision(kind: str, precision: str) -> str:
 
 
 def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, threads: int = 0,
-                precision: str | None = None, label: str = "") -> Engine:
+                precision: str | None = None, label: str = "", static_shapes: int = 0) -> Engine:
     """The served engine at its precision, one instance per batch profile with its measured thread count (and
     engine options, e.g. Paddle Inference's ir_optim). threads > 0 forces that count for both profiles. Without
     override/precision: the recommendation as this CPU may run it (runnable_choice). `engine.serving` records
-    what was chosen and why (GET /health shows it)."""
+    what was chosen and why (GET /health shows it). static_shapes: an OpenVINO engine compiles each input shape it
+    meets, keeping that many (ov.ShapeCache; the flow's det_static_shapes); other runtimes have no such step."""
     from pipeline.engines import registry
     from pipeline.core.env import cpu_count
 
@@ -196,6 +197,8 @@ def load_engine(folder: Path, infer_cfg: dict, override: str | None = None, thre
     cores = cpu_count()
     pick = {p: (threads or settings[p]["threads"] or cores) for p in ("batch1", "batchN")}
     opts = {"device": "gpu"} if kind == "paddle-inference" and prec == "fp16" else {}
+    if kind == "openvino" and static_shapes:    # the only runtime here that compiles per shape (ov.ShapeCache)
+        opts["static_shapes"] = int(static_shapes)
     # no spinning pool threads: they busy-wait after every call on cores the event loop, the HTTP stack
     # and the clients need (measured: ORT with 2 threads burnt ~1.2 ms of CPU per OCR /predict, 2.6 vs 1.4 ms)
     eng = registry.make_routed(kind, model, prec, {p: {**settings[p], "threads": min(t, cores)}

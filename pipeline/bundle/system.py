@@ -123,21 +123,26 @@ def part_serving(sub: Path, pin: str | None = None, role: str = "") -> dict:
     return {**out, "model": serving_model(out["engine"], out["precision"], sub), "measured_on": measured_on(sub)}
 
 
-def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None = None, role: str = ""):
+def served_engine(sub: Path, threads: int, kind: str = "auto", part: dict | None = None, role: str = "",
+                  flow: dict | None = None):
     """One part's engine as `/ocr` runs it: auto = its bundle's recommended engine at its precision as this CPU may
     run it (per batch profile, as `serve` loads it), or the row the system bundle pinned (part["by"] pinned); an
     engine name = that runtime on the part's fp32 model (the pre-auto behaviour); "reference" = the part's fp32
     reference engine (pipeline/bundle/reference.py). ONNX Runtime's pool threads
-    sleep between calls, as in `serve`. engine.serving says what runs and why (GET /health)."""
+    sleep between calls, as in `serve`. engine.serving says what runs and why (GET /health). flow: the system's
+    (its det_static_shapes applies to the detector's served row, not to a reference)."""
     from pipeline.engines import registry
     from pipeline.bundle.serving_choice import MODEL_PATHS, load_engine
+    from pipeline.ocr.system import det_static_shapes
 
+    shapes = det_static_shapes(flow or {}) if role == "detection" else 0
     if kind == "auto" and part and part.get("by", "recommendation") != "recommendation":   # pinned, system pages
-        eng = load_engine(sub, load_infer_config(sub), part["engine"], threads, part["precision"], label=role)
+        eng = load_engine(sub, load_infer_config(sub), part["engine"], threads, part["precision"], label=role,
+                          static_shapes=shapes)
         eng.serving["why"] = part.get("why", eng.serving["why"])
         return eng
     if kind == "auto":
-        return load_engine(sub, load_infer_config(sub), threads=threads, label=role)
+        return load_engine(sub, load_infer_config(sub), threads=threads, label=role, static_shapes=shapes)
     if kind == "reference":     # the part's fp32 reference, as verify and the system stage's fp32 chain run it
         eng = reference_engine(sub, threads)
         eng.serving = {"engine": eng.kind, "precision": "fp32", "why": "the part's fp32 reference (its bundle's "
@@ -159,7 +164,7 @@ def served_system(folder: Path, threads: int, kind: str | None = None) -> tuple:
     spec, _, _ = spec_of(folder)
     set_opencv_threads(threads)
     subs = subs_of(folder, cfg)
-    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r), subs)
+    det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, kind, served.get(r), r, spec.flow), subs)
     return det, recheck_served(rec, subs["recognition"], spec.flow, threads), cls, spec
 
 
@@ -275,7 +280,7 @@ def verify_system(folder: Path, timeout: float = 120, threads: int = 0) -> dict:
         runs["lite x86 fp32"] = engine_set(lambda r, b: lite_engine(b / x86_nb, lite_shape(b), timeout), subs)
     if cfg.get("engine") == "auto":      # what /ocr serves, against what that set read when the bundle was built
         served = cfg.get("served") or {}
-        det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r), subs)
+        det, rec, cls = engine_set(lambda r, b: served_engine(b, threads, "auto", served.get(r), r, spec.flow), subs)
         runs["as served"] = (det, recheck_served(rec, subs["recognition"], spec.flow, threads), cls)
     sets = {name: _precisions(engines) for name, engines in runs.items()}
     for name, (det, rec, cls) in runs.items():

@@ -408,6 +408,7 @@ class SystemCfg(Section):
     det_bucket: int = Field(ge=0)
     rec_bucket: int = Field(ge=0)
     rec_recheck_margin: float = Field(ge=0, le=1)
+    det_static_shapes: int = Field(ge=0, le=64)
     edge_pages: int = Field(ge=0, le=256)
     edge_lines_kept: float = Field(ge=0, le=1)
 

@@ -40,9 +40,9 @@ def _onnxruntime(model, precision, *, threads, batch, spin, **_) -> Engine:
     return OrtEngine(model, threads=threads, label=precision, spin=spin)
 
 
-def _openvino(model, precision, *, threads, batch, spin, **_) -> Engine:
+def _openvino(model, precision, *, threads, batch, spin, static_shapes: int = 0, **_) -> Engine:
     from pipeline.engines.ov import OpenVinoEngine
-    return OpenVinoEngine(model, threads=threads, label=precision, static_batch=batch)
+    return OpenVinoEngine(model, threads=threads, label=precision, static_batch=batch, static_shapes=static_shapes)
 
 
 _ENGINES: dict[str, EngineSpec] = {s.kind: s for s in (EngineSpec("paddle-inference", _paddle_inference, "paddle"),

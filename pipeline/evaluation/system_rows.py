@@ -72,6 +72,20 @@ class Chain:
 
         return self.refs.get(role, FP32_REF)
 
+    def context_of(self, role: str) -> tuple[str, str]:
+        """(engine, "fp32") of a part a timing loop does not compare, only reads through (its crops feed the part
+        that is compared): OpenVINO fp32 on the part's ONNX model where OpenVINO runs and the model is bundled, else
+        the part's reference. One dynamic-shape OpenVINO model held ~1.1 GB over the loop's 24 page shapes where
+        Paddle Inference's per-shape oneDNN caches held ~3.8 GB (v4 det + rec, 2026-12-07): the stage's peak RSS."""
+        from pipeline.bundle import layout
+        from pipeline.engines import registry
+
+        sub = self.subs[role]
+        if registry.available("openvino")[0] and layout.model_exists(sub / layout.serving_model("openvino", "fp32",
+                                                                                                  sub)):
+            return "openvino", "fp32"
+        return self.ref_of(role)
+
 
 def pair_row(chain: Chain, subject: str, prec: str, make, drop: float, batch: int = 16) -> Gate:
     """One set of engines (det, rec[, cls]; make(role, sub-bundle) builds each) through the flow, gated on its
@@ -134,11 +148,13 @@ def chain_engine(chain: Chain, role: str, kind: str, prec: str, threads: int, ta
     precision[, tag: a separate instance, so a Paddle engine's shape cache is not shared between timed sets])."""
     from pipeline.bundle.format import load_infer_config
     from pipeline.bundle.serving_choice import load_engine
+    from pipeline.ocr.system import det_static_shapes
 
     key = (role, kind, prec, tag)
     if key not in chain.engines:
         sub = chain.subs[role]
-        eng = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role)
+        eng = load_engine(sub, load_infer_config(sub), kind, threads, prec, label=role,
+                          static_shapes=det_static_shapes(chain.flow) if role == "detection" else 0)
         if role == "recognition":       # the flow's fp32 re-read of lines in doubt (shared with the fp32 row)
             from pipeline.ocr.recheck import rechecked
 

@@ -36,12 +36,14 @@ def time_combos(chain: Chain, combos: dict, threads: int, shared: tuple = ()) ->
     """label → combo timed interleaved on the system's pages stretched to varied shapes (time_sets), with the fp32
     chain ("fp32 chain"). Every set starts from the same history: engines loaded fresh for this loop (never the ones
     that read the gate pages), each set warmed on the same real pages before timing, and closed after; a role in
-    `shared` is on its fp32 reference in every set and runs on one fresh engine all sets share (its time is not
-    what this loop compares; one instance per set would hold a detector and a recogniser per candidate)."""
+    `shared` is the same fp32 engine in every set (Chain.context_of), one fresh instance all sets share: its time is
+    not what this loop compares, only its crops feed the part that is (one instance per set would hold a detector
+    and a recogniser per candidate)."""
     from pipeline.ocr.system import read_pages
     from pipeline.bundle.system_choice import time_sets, timing_pages
 
-    every = {"fp32 chain": {r: chain.ref_of(r) for r in chain.subs}, **combos}
+    context = {r: chain.context_of(r) for r in shared}
+    every = {k: {**c, **context} for k, c in {"fp32 chain": {r: chain.ref_of(r) for r in chain.subs}, **combos}.items()}
     tag = {k: {r: "timing" if r in shared else f"timing {k}" for r in chain.subs} for k in every}
     # a bf16 recogniser's fp32 re-reads (pipeline/ocr/recheck.py) go to the fp32 set's engine of its runtime when
     # the loop has one: one engine fewer per re-read set (the stage's peak RSS), both warmed on the same pages

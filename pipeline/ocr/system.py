@@ -32,7 +32,13 @@ from pipeline.ocr.db_post import DBParams, boxes_from_map, detect_batch
 FLOW_DEFAULTS = {"rec_batch_num": 6, "cls_batch_num": 6, "cls_thresh": 0.9, "drop_score": 0.5,
                  "max_side_len": 0, "min_side_len": 0, "min_height": 0, "width_height_ratio": 0.0,
                  "retry_scale": 0.0, "turn_check": False, "det_bucket": 0, "rec_bucket": 0,
-                 "rec_recheck_margin": 0.0}
+                 "rec_recheck_margin": 0.0, "det_static_shapes": 0}
+
+
+def det_static_shapes(flow: dict) -> int:
+    """The flow's det_static_shapes: page shapes a served OpenVINO detector keeps compiled statically (0: one model
+    compiled for any shape, as PaddleOCR and RapidOCR run it)."""
+    return int(flow.get("det_static_shapes", 0) or 0)
 
 
 def set_opencv_threads(threads: int) -> int:

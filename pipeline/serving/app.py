@@ -56,8 +56,9 @@ def create_app(bundle: str | Path, *, threads: int = 0, max_body: int = MAX_BODY
 
 def _ocr_app(folder: Path, cfg: dict, *, threads: int = 0, ocr_lanes: int = 1, **kw):
     """/ocr for an (already hash-verified) system bundle: its parts loaded as the bundle says they are served.
-    ocr_lanes > 1 (serve.ocr_lanes): that many engine sets, each at `threads` (default 1), read pages side by side
-    (pipeline/ocr/lanes.py); 1: one set at `threads` (default: every core), one page at a time."""
+    ocr_lanes > 1 (serve.ocr_lanes): that many engine sets, each at `threads` (default: every core, so a page read
+    while the other lanes idle gets them all), read pages side by side (pipeline/ocr/lanes.py); 1: one set at
+    `threads` (default: every core), one page at a time."""
     from pipeline.bundle.system import served_system
     from pipeline.core import env
     from pipeline.serving.ocr_routes import create_ocr_app
@@ -66,7 +67,7 @@ def _ocr_app(folder: Path, cfg: dict, *, threads: int = 0, ocr_lanes: int = 1, *
     if ocr_lanes > 1:
         from pipeline.ocr.lanes import PageLanes
 
-        lanes = PageLanes(lambda: served_system(folder, threads or 1), ocr_lanes)
+        lanes = PageLanes(lambda: served_system(folder, threads or env.cpu_count()), ocr_lanes)
         return create_ocr_app(lanes.sets[0], cfg, name=name, lanes=lanes, **kw)
     det, rec, cls, spec = served_system(folder, threads or env.cpu_count())
     return create_ocr_app((det, rec, cls, spec), cfg, name=name, **kw)
