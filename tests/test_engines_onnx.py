@@ -326,3 +326,26 @@ def test_only_openvino_is_given_static_shapes(tiny, monkeypatch):
     for kind in ("openvino", "onnxruntime"):
         serving_choice.load_engine(tiny["dir"], {}, kind, 1, "fp32", static_shapes=8)
     assert [o.get("static_shapes") for o in seen] == [8, None]
+
+
+def test_paddle_gives_back_a_shapes_buffers_when_the_shape_changes(tiny):
+    """Paddle's allocator keeps every input shape's buffers until shrunk (varied pages grew the v4 references to
+    3.8 GB): the engine shrinks its pool whenever the input shape changes, never on a repeat, and answers the same."""
+    eng = InferenceEngine(tiny["prefix"], "fp32", threads=1)
+
+    class Counting:
+        def __init__(self, p):
+            self.p, self.shrinks = p, 0
+
+        def try_shrink_memory(self):
+            self.shrinks += 1
+            return self.p.try_shrink_memory()
+
+        def __getattr__(self, name):
+            return getattr(self.p, name)
+
+    eng._predictor = Counting(eng._predictor)
+    got = [eng.run(tiny["x"][:n]) for n in (1, 1, 3, 3, 1)]
+    assert eng._predictor.shrinks == 2                  # 1 -> 3 and 3 -> 1
+    np.testing.assert_array_equal(got[0], got[4])
+    np.testing.assert_allclose(got[2], tiny["ref"][:3], rtol=1e-5, atol=1e-5)
