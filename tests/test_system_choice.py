@@ -624,8 +624,8 @@ def test_a_bf16_recognisers_fp32_re_reader_is_the_fp32_engine_its_loop_already_h
 
 def test_a_timing_loops_context_parts_run_on_one_lean_fp32_engine(monkeypatch, tmp_path):
     """A part a timing loop reads through but does not compare runs on OpenVINO fp32 where that model is bundled and
-    OpenVINO runs (one dynamic-shape model; Paddle's per-shape oneDNN caches over 24 page shapes were the stage's
-    peak RSS), else on its reference."""
+    OpenVINO runs (one dynamic-shape model: less memory over 24 page shapes than Paddle's references), else on its
+    reference."""
     from pipeline.bundle import layout
     from pipeline.evaluation.system_rows import Chain
 

@@ -75,8 +75,9 @@ class Chain:
     def context_of(self, role: str) -> tuple[str, str]:
         """(engine, "fp32") of a part a timing loop does not compare, only reads through (its crops feed the part
         that is compared): OpenVINO fp32 on the part's ONNX model where OpenVINO runs and the model is bundled, else
-        the part's reference. One dynamic-shape OpenVINO model held ~1.1 GB over the loop's 24 page shapes where
-        Paddle Inference's per-shape oneDNN caches held ~3.8 GB (v4 det + rec, 2026-12-07): the stage's peak RSS."""
+        the part's reference. One dynamic-shape OpenVINO model held ~1.1 GB over the loop's 24 page shapes where the
+        Paddle Inference references held ~3.8 GB (v4 det + rec, 2026-12-07, before InferenceEngine gave back each
+        shape's buffers; ~2.0 GB after): the stage's peak RSS."""
         from pipeline.bundle import layout
         from pipeline.engines import registry
 
