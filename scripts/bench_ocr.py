@@ -168,7 +168,8 @@ def all_cores(args, pages: dict, ours_one: dict, ref: dict, ref_lines: int) -> d
     finally:
         _close(systems)
     same = {n: sum(_agreement(got[n][i], ref[i]) for i in pages) for n in systems}
-    return {"cores": cores, "timed": len(timed), "block": block, "pass_ours_vs": per_pass(spread),
+    return {"cores": cores, "lane_threads": systems["ours"].threads, "timed": len(timed), "block": block,
+            "pass_ours_vs": per_pass(spread),
             "ours_differ_from_1_thread": [i for i in pages if got["ours"][i] != ours_one[i]],
             "systems": {n: {"label": s.label, "pages_per_s": len(timed) / t[n], "ours_vs": t[n] / t["ours"],
                             "same": same[n], "agreement": same[n] / ref_lines if ref_lines else 1.0}
@@ -236,7 +237,7 @@ def report(res: dict) -> bool:
     a = res.get("all_cores")
     if a:
         t = Table(title=f"The same images at {a['cores']} cores ({a['timed']} timed after the warm-up page, interleaved in "
-                        f"blocks of {a['block']} pages): ours {a['cores']} lanes x {a['cores']} threads, RapidOCR 3.10 its own threads")
+                        f"blocks of {a['block']} pages): ours {a['cores']} lanes x {a['lane_threads']} threads, RapidOCR 3.10 its own threads")
         for col in ("system", "what runs", "pages/s", "ours / it", "lines = fp32 reference"):
             t.add_column(col, no_wrap=col != "what runs")
         for n, v in a["systems"].items():

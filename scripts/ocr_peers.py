@@ -261,7 +261,7 @@ class OursLanes:
         from pipeline.core.env import cpu_count
         from pipeline.ocr.lanes import PageLanes
 
-        threads = threads or cpu_count()
+        threads = self.threads = threads or cpu_count()
 
         def load():
             o = Ours(args, threads)

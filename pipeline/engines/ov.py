@@ -142,10 +142,10 @@ class OpenVinoEngine(Engine):
         return req
 
     def trim(self) -> None:
+        if self._shapes is not None:
+            self._shapes.clear()                # each shape's model holds its own buffers: compiled again if seen
         try:
             self._compiled.release_memory()     # the CPU plugin's intermediate buffers (no request is running)
-            if self._shapes is not None:
-                self._shapes.clear()            # each shape's model holds its own buffers: compiled again if seen
         except RuntimeError:                    # a plugin that cannot release now keeps them: memory, not a fault
             pass
 

@@ -4,8 +4,9 @@ An OCR page is a chain of calls (detector, crops, classifier, recogniser) whose 
 the detector's convolutions on one 736-pixel page and the recogniser's small batches leave a second thread idle
 much of the time. A lane is one engine set (det, rec, cls) reading one whole page; n lanes read n pages at once.
 Each lane's engines run at every core (`serve` and the bench): while both lanes read, the cores are shared; when
-one idles (the last page of a batch, a lull) the other's page gets both (2 lanes x 2 threads read 1.07-1.11x the
-pages/s of 2 lanes x 1 thread on the real images, docs/performance.md#both-cores). The runtimes (OpenVINO, ONNX Runtime, Paddle Inference) release the GIL inside their calls, and the
+one idles (the last page of a batch, a lull) the other's page gets both. Throughput equals lanes of one thread
+within the noise (docs/performance.md#both-cores); a lone page's latency is what it buys. The runtimes (OpenVINO,
+ONNX Runtime, Paddle Inference) release the GIL inside their calls, and the
 page steps are numpy/OpenCV, so Python threads are enough. A page's lines are exactly what `read_page` gives on a
 lane's engines: lanes change when a page is read, never what it reads.
 """
