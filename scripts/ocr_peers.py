@@ -5,6 +5,7 @@ the interleaved timing and the line agreement.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -185,6 +186,24 @@ def rapid_models() -> dict:
             "rec": m / "ch_PP-OCRv4_rec_infer.onnx", "keys": ROOT / ".cache" / "ppocr" / "ppocr_keys_v1.txt"}
 
 
+# RapidOCR 3.10's OpenVINO reads bf16 from the CPU's flags while oneDNN is held below it: no kernel for a bf16 pooling
+# (`Supported primitive descriptors list is empty`, seen on a Xeon with AMX under ONEDNN_MAX_CPU_ISA=AVX2)
+_ISA_HINT = ("ONEDNN_MAX_CPU_ISA is set: where it holds oneDNN below this CPU's bf16, RapidOCR 3.10's OpenVINO fails; "
+             "unset it for the peers")
+
+
+def exit_reason(code: int) -> str:
+    """A child's wait() status in words: `exit code 1`, `killed by SIGSEGV` (a negative status is the signal)."""
+    import signal
+
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 class Rapid3Worker:
     """RapidOCR 3.10 in its own venv (scripts/rapidocr3_worker.py): pages go over a pipe, the worker times the OCR
     call alone, so the pipe is not in the figure. models: {det, cls, rec, keys} files, or None for RapidOCR 3.10's
@@ -207,8 +226,11 @@ class Rapid3Worker:
         self.proc = subprocess.Popen([python, str(ROOT / "scripts" / "rapidocr3_worker.py"), "--modes",
                                       ",".join(modes), "--threads", str(threads), *files, *resize],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        pickle.dump(warmup if warmup is not None else np.full((64, 256, 3), 255, np.uint8), self.proc.stdin)
-        self.proc.stdin.flush()
+        try:
+            pickle.dump(warmup if warmup is not None else np.full((64, 256, 3), 255, np.uint8), self.proc.stdin)
+            self.proc.stdin.flush()
+        except BrokenPipeError:         # it died before reading the page (a page larger than the pipe's buffer)
+            raise self._stopped() from None
         status, self.info = self._read()
         if status != "ready":
             raise PipelineError(f"RapidOCR 3.10 worker did not start: {self.info}")
@@ -217,7 +239,11 @@ class Rapid3Worker:
         try:
             return self._pickle.load(self.proc.stdout)
         except EOFError:
-            raise PipelineError(f"RapidOCR 3.10 worker exited ({self.proc.wait()}); its stderr says why") from None
+            raise self._stopped() from None
+
+    def _stopped(self) -> PipelineError:
+        return PipelineError(f"RapidOCR 3.10 worker stopped ({exit_reason(self.proc.wait())}); its messages, if any, "
+                             "are above", hint=_ISA_HINT if os.environ.get("ONEDNN_MAX_CPU_ISA") else None)
 
     def call(self, what: str, mode: str, img: np.ndarray):
         self._pickle.dump((what, mode, img), self.proc.stdin)

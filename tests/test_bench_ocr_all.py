@@ -357,3 +357,29 @@ def test_too_few_reference_lines_say_the_lines_target_cannot_resolve(bench):
     bench.report(res, {n: n for n in got}, {}, con=con)
     assert "ours-v5-fp32 read 4 lines: one line moves the share kept by 0.250" in con.file.getvalue()
     assert "cannot resolve it" in con.file.getvalue()
+
+
+@pytest.mark.parametrize("isa", [None, "AVX2"])
+def test_a_dead_rapidocr3_worker_is_named_by_its_signal(monkeypatch, tmp_path, isa):
+    """A worker that crashes (RapidOCR 3.10's OpenVINO segfaulted under ONEDNN_MAX_CPU_ISA=AVX2 on an AMX Xeon) is
+    reported as killed by its signal, not as `exited (-11)`; the ISA hint only when that variable is set."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        peers = importlib.import_module("ocr_peers")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    from pipeline.core.errors import PipelineError
+
+    assert peers.exit_reason(1) == "exit code 1" and peers.exit_reason(-11) == "killed by SIGSEGV"
+    fake = tmp_path / "python"          # a "venv python" that dies by SIGSEGV before saying ready
+    fake.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    fake.chmod(0o755)
+    if isa:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    else:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    import numpy as np
+    for page in (None, np.zeros((512, 512, 3), np.uint8)):      # the second larger than a pipe's buffer
+        with pytest.raises(PipelineError, match="killed by SIGSEGV") as e:
+            peers.Rapid3Worker(str(fake), ("openvino",), warmup=page)
+        assert ("ONEDNN_MAX_CPU_ISA" in (e.value.hint or "")) == bool(isa)
