@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.supervise import exit_status
 
 
 def no_training() -> None:
@@ -192,18 +193,6 @@ _ISA_HINT = ("ONEDNN_MAX_CPU_ISA is set: where it holds oneDNN below this CPU's 
              "unset it for the peers")
 
 
-def exit_reason(code: int) -> str:
-    """A child's wait() status in words: `exit code 1`, `killed by SIGSEGV` (a negative status is the signal)."""
-    import signal
-
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
 class Rapid3Worker:
     """RapidOCR 3.10 in its own venv (scripts/rapidocr3_worker.py): pages go over a pipe, the worker times the OCR
     call alone, so the pipe is not in the figure. models: {det, cls, rec, keys} files, or None for RapidOCR 3.10's
@@ -242,7 +231,7 @@ class Rapid3Worker:
             raise self._stopped() from None
 
     def _stopped(self) -> PipelineError:
-        return PipelineError(f"RapidOCR 3.10 worker stopped ({exit_reason(self.proc.wait())}); its messages, if any, "
+        return PipelineError(f"RapidOCR 3.10 worker stopped ({exit_status(self.proc.wait())}); its messages, if any, "
                              "are above", hint=_ISA_HINT if os.environ.get("ONEDNN_MAX_CPU_ISA") else None)
 
     def call(self, what: str, mode: str, img: np.ndarray):

@@ -362,7 +362,7 @@ def test_too_few_reference_lines_say_the_lines_target_cannot_resolve(bench):
 @pytest.mark.parametrize("isa", [None, "AVX2"])
 def test_a_dead_rapidocr3_worker_is_named_by_its_signal(monkeypatch, tmp_path, isa):
     """A worker that crashes (RapidOCR 3.10's OpenVINO segfaulted under ONEDNN_MAX_CPU_ISA=AVX2 on an AMX Xeon) is
-    reported as killed by its signal, not as `exited (-11)`; the ISA hint only when that variable is set."""
+    reported by its signal's name, not as `exited (-11)`; the ISA hint only when that variable is set."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         peers = importlib.import_module("ocr_peers")
@@ -370,7 +370,7 @@ def test_a_dead_rapidocr3_worker_is_named_by_its_signal(monkeypatch, tmp_path, i
         sys.path.remove(str(SCRIPTS))
     from pipeline.core.errors import PipelineError
 
-    assert peers.exit_reason(1) == "exit code 1" and peers.exit_reason(-11) == "killed by SIGSEGV"
+    assert peers.exit_status(1) == "exit code 1" and peers.exit_status(-11) == "SIGSEGV"
     fake = tmp_path / "python"          # a "venv python" that dies by SIGSEGV before saying ready
     fake.write_text("#!/bin/sh\nkill -SEGV $$\n")
     fake.chmod(0o755)
@@ -380,6 +380,6 @@ def test_a_dead_rapidocr3_worker_is_named_by_its_signal(monkeypatch, tmp_path, i
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     import numpy as np
     for page in (None, np.zeros((512, 512, 3), np.uint8)):      # the second larger than a pipe's buffer
-        with pytest.raises(PipelineError, match="killed by SIGSEGV") as e:
+        with pytest.raises(PipelineError, match=r"worker stopped \(SIGSEGV\)") as e:
             peers.Rapid3Worker(str(fake), ("openvino",), warmup=page)
         assert ("ONEDNN_MAX_CPU_ISA" in (e.value.hint or "")) == bool(isa)

@@ -21,6 +21,16 @@ MARKER = "PIPELINE_STAGE_MARKER"
 COMMANDS = ("run", "nightly", "launch")        # the ones that run stages (and can use gigabytes)
 
 
+def exit_status(code: int) -> str:
+    """A child's return code in words: `exit code 1`, or the signal that killed it (`SIGSEGV`; a negative code)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:  # real-time signals have no enum name
+        return f"signal {-code}"
+
+
 def mark_stage(stage: str) -> None:
     """Called by the runner when a stage starts: the supervisor reads it if the process is killed."""
     path = os.environ.get(MARKER)

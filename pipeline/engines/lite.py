@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import numpy as np
 from pipeline.core import resources, tempdirs
 from pipeline.engines.base import Engine, validate_input
 from pipeline.core.errors import ConfigError, DataError, EngineCrash, MissingArtifact, PipelineError
+from pipeline.core.supervise import exit_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # parent of the `pipeline` package
 RESULT_PREFIX = "LITE_CHILD_RESULT "
@@ -59,13 +59,6 @@ class ConvertResult:
     seconds: float = 0.0
 
 
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name if rc < 0 else f"exit code {rc}"
-    except ValueError:  # real-time signals have no enum name
-        return f"signal {-rc}"
-
-
 def _tail(text: str, n: int = 5) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " | ".join(lines[-n:]) or "(no output)"
@@ -87,7 +80,7 @@ def _child(args: list[str], *, what: str, target: str, timeout: float, hint: str
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         tail = _tail(proc.stderr or proc.stdout)
-        raise EngineCrash(f"{head}: {_signal_name(proc.returncode)}; stderr: {tail}", hint)
+        raise EngineCrash(f"{head}: {exit_status(proc.returncode)}; stderr: {tail}", hint)
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     resources.note_child(result.get("peak_rss_mb"))
     return result
@@ -377,7 +370,7 @@ class LiteWorker:
                 k = os.readv(proc.stdout.fileno(), [view[got:]])
                 if not k:
                     rc = proc.wait()
-                    raise self._crash(_signal_name(rc))
+                    raise self._crash(exit_status(rc))
                 got += k
         return buf
 
@@ -391,7 +384,7 @@ class LiteWorker:
             proc.stdin.write(len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue())
             proc.stdin.flush()
         except BrokenPipeError:
-            raise self._crash(_signal_name(proc.wait())) from None
+            raise self._crash(exit_status(proc.wait())) from None
         deadline = time.monotonic() + self.timeout
         head = self._read(proc, 9, deadline)
         body = self._read(proc, int.from_bytes(head[1:], "little"), deadline)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.core import console
 from pipeline.core.process_layout import world as world
+from pipeline.core.supervise import exit_status
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUS = "status.{}.json"
@@ -208,12 +209,7 @@ def diagnose(log_dir: Path, layout, statuses: dict, returncode: int) -> tuple[st
 
 
 def _signal_name(code: int | None) -> str:
-    if code is None or code >= 0:
-        return ""
-    try:
-        return f", {signal.Signals(-code).name}"
-    except ValueError:
-        return ""
+    return f", {exit_status(code)}" if code is not None and code < 0 else ""
 
 
 def launch(args) -> int:
