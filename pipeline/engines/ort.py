@@ -221,6 +221,8 @@ def quantize_int8(onnx_file: str | os.PathLike, out_file: str | os.PathLike, cal
             excluded = excluded_compute_nodes(src, weights)
             scoped = {"nodes_to_exclude": excluded, "op_types_to_quantize": list(COMPUTE_OPS)}
         q = Path(tmp) / out.name
+        # no CalibMaxIntermediateOutputs to bound calibration memory: onnxruntime 1.23.2's MinMax collect_data clears
+        # each full chunk without merging its ranges (only the last chunk would count)
         quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         reduce_range=reduce_range, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, **scoped)
