@@ -215,14 +215,17 @@ class Rapid3Worker:
         self.proc = subprocess.Popen([python, str(ROOT / "scripts" / "rapidocr3_worker.py"), "--modes",
                                       ",".join(modes), "--threads", str(threads), *files, *resize],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        try:
-            pickle.dump(warmup if warmup is not None else np.full((64, 256, 3), 255, np.uint8), self.proc.stdin)
-            self.proc.stdin.flush()
-        except BrokenPipeError:         # it died before reading the page (a page larger than the pipe's buffer)
-            raise self._stopped() from None
+        self._send(warmup if warmup is not None else np.full((64, 256, 3), 255, np.uint8))
         status, self.info = self._read()
         if status != "ready":
             raise PipelineError(f"RapidOCR 3.10 worker did not start: {self.info}")
+
+    def _send(self, frame) -> None:
+        try:
+            self._pickle.dump(frame, self.proc.stdin)
+            self.proc.stdin.flush()
+        except BrokenPipeError:         # it died before reading the frame (one larger than the pipe's buffer)
+            raise self._stopped() from None
 
     def _read(self):
         try:
@@ -235,8 +238,7 @@ class Rapid3Worker:
                              "are above", hint=_ISA_HINT if os.environ.get("ONEDNN_MAX_CPU_ISA") else None)
 
     def call(self, what: str, mode: str, img: np.ndarray):
-        self._pickle.dump((what, mode, img), self.proc.stdin)
-        self.proc.stdin.flush()
+        self._send((what, mode, img))
         status, res = self._read()
         if status != "ok":
             raise PipelineError(f"RapidOCR 3.10 ({mode}) failed on a {what}: {res}")

@@ -383,3 +383,26 @@ def test_a_dead_rapidocr3_worker_is_named_by_its_signal(monkeypatch, tmp_path, i
         with pytest.raises(PipelineError, match=r"worker stopped \(SIGSEGV\)") as e:
             peers.Rapid3Worker(str(fake), ("openvino",), warmup=page)
         assert ("ONEDNN_MAX_CPU_ISA" in (e.value.hint or "")) == bool(isa)
+
+
+def test_a_rapidocr3_worker_that_dies_on_a_page_is_named_by_its_signal(tmp_path):
+    """The same for a worker that said ready and dies on a page (the call's write or read meets its death)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        peers = importlib.import_module("ocr_peers")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    from pipeline.core.errors import PipelineError
+    import numpy as np
+
+    child = tmp_path / "child.py"       # reads the warm-up, says ready, dies by SIGSEGV at the next frame
+    child.write_text("import os, pickle, signal, sys\npickle.load(sys.stdin.buffer)\n"
+                     "pickle.dump(('ready', {}), sys.stdout.buffer); sys.stdout.buffer.flush()\n"
+                     "sys.stdin.buffer.read(1); os.kill(os.getpid(), signal.SIGSEGV)\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {child}\n")
+    fake.chmod(0o755)
+    for page in (np.zeros((8, 8, 3), np.uint8), np.zeros((512, 512, 3), np.uint8)):
+        w = peers.Rapid3Worker(str(fake), ("openvino",))
+        with pytest.raises(PipelineError, match=r"worker stopped \(SIGSEGV\)"):
+            w.call("page", "openvino", page)
